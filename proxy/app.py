@@ -1,0 +1,96 @@
+"""The Starlette application: wiring of config, auth, router and upstream, plus error handlers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.config import ProxyConfig, load_config
+from proxy.errors import InvalidRequestError, NotFoundError, ProxyError
+from proxy.routing import ModelRouter
+from proxy.upstream import Upstream
+from proxy.wire import routes
+from proxy.wire.auth import Authenticator
+from proxy.wire.http import error_response
+
+log = logging.getLogger("lcm_proxy")
+
+CONFIG_ENV = "LCM_PROXY_CONFIG"
+
+
+@dataclass
+class AppState:
+    config: ProxyConfig
+    router: ModelRouter
+    auth: Authenticator
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    upstream: Upstream = field(init=False)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) readable by the owner only; tighten it if it already exists."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error: ProxyError = NotFoundError(f"Unknown path: {request.url.path}", code="unknown_url")
+    else:
+        error = InvalidRequestError(str(exc.detail), status=exc.status_code, code="method_not_allowed")
+    return error_response(error)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(ProxyError("Internal error in lcm-proxy. The request was not forwarded."))
+
+
+def create_app(config: ProxyConfig) -> Starlette:
+    state = AppState(
+        config=config,
+        router=ModelRouter(config.model_list),
+        auth=Authenticator(config.general_settings.api_keys),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        data_dir = ensure_private_dir(config.general_settings.resolved_data_dir())
+        state.upstream = Upstream(config.general_settings)
+        for deployment in config.model_list:
+            log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
+        log.info("data directory: %s", data_dir)
+        log.info("authentication: %s", f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off")
+        yield
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/models", routes.list_models, methods=["GET"]),
+            Route("/healthz", routes.healthz, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.state.lcm = state
+    return app
+
+
+def app_from_environment() -> Starlette:
+    """Factory for ``uvicorn --factory`` and multi-worker serving: the config path comes from the env."""
+    return create_app(load_config(os.environ[CONFIG_ENV]))

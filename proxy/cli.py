@@ -1,0 +1,131 @@
+"""Command line: ``lcm-proxy serve | check-config``.
+
+Nothing here imports LiteLLM at module level: ``--help``, ``--version`` and ``check-config`` must answer
+instantly and offline (LiteLLM costs seconds to import and may try the network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from proxy import __version__
+from proxy.config import ProxyConfig, load_config
+from proxy.errors import ConfigError
+
+DEFAULT_CONFIG = "config/proxy.yaml"
+log = logging.getLogger("lcm_proxy")
+
+
+def _default_config() -> str:
+    return os.environ.get("LCM_PROXY_CONFIG", DEFAULT_CONFIG)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _load(path: str) -> ProxyConfig | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"lcm-proxy: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 1
+    settings = config.general_settings
+    names = ", ".join(d.model_name for d in config.model_list)
+    print(f"{args.config}: OK")
+    print(f"  models:  {names}")
+    print(f"  listen:  {settings.bind_host()}:{settings.port}")
+    print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
+    print(f"  data:    {settings.resolved_data_dir()}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 1
+    settings = config.general_settings
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    host = args.host or settings.bind_host()
+    port = settings.port if args.port is None else args.port
+    if not settings.api_keys and not _is_loopback(host):
+        log.warning("listening on %s with NO API keys: anyone who can reach this port can use your upstream keys", host)
+
+    import uvicorn
+
+    common = dict(
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=10,
+    )
+    log.info("lcm-proxy %s listening on http://%s:%s (config %s)", __version__, host, port, args.config)
+    if args.workers > 1:
+        # Workers are separate processes: they import the app from the environment.
+        os.environ["LCM_PROXY_CONFIG"] = str(Path(args.config).resolve())
+        uvicorn.run("proxy.app:app_from_environment", factory=True, workers=args.workers, **common)
+    else:
+        from proxy.app import create_app
+
+        uvicorn.run(create_app(config), **common)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lcm-proxy",
+        description="OpenAI-compatible reverse proxy with lossless context management.",
+        epilog="Point any OpenAI client's base_url at http://HOST:PORT/v1. See README.md for the config reference.",
+    )
+    parser.add_argument("--version", action="version", version=f"lcm-proxy {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--config", "-c", default=_default_config(), metavar="PATH",
+            help=f"YAML config file (default: $LCM_PROXY_CONFIG or {DEFAULT_CONFIG})",
+        )  # fmt: skip
+
+    serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
+    add_config(serve)
+    serve.add_argument("--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)")
+    serve.add_argument("--port", type=int, help="port (default: general_settings.port, 4000)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a config file and summarise it", description="Validate a config file.")
+    check.add_argument("config_path", nargs="?", metavar="PATH", help="config file (or use --config)")
+    add_config(check)
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "config_path", None):
+        args.config = args.config_path
+    return int(args.func(args))

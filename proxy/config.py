@@ -1,0 +1,206 @@
+"""The YAML configuration: loading, ``os.environ/NAME`` references, validation.
+
+The file has three sections. ``model_list`` uses LiteLLM proxy's exact shape so that a model list from an
+existing LiteLLM config can be pasted in unchanged; ``litellm_params`` and ``model_info`` are LiteLLM's to
+interpret, so unknown keys *inside them* are allowed. Everywhere else an unknown key is an error that names
+its path: a misspelt knob that is silently ignored is worse than a refusal to start.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from proxy.errors import ConfigError
+
+ENV_PREFIX = "os.environ/"
+LOOPBACK_HOST = "127.0.0.1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LiteLLMParams(BaseModel):
+    """Passed to LiteLLM as keyword arguments; only ``model`` is ours to require."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    model: str = Field(min_length=1)
+    api_key: str | None = None
+    api_base: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    stream_timeout: float | None = Field(default=None, gt=0)
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    max_input_tokens: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+
+
+class ModelDeployment(_Strict):
+    model_name: str = Field(min_length=1)
+    litellm_params: LiteLLMParams
+    model_info: ModelInfo = ModelInfo()
+
+
+class ApiKey(_Strict):
+    """A proxy API key and the tenant it belongs to. Tenants never see each other's conversations."""
+
+    key: str = Field(min_length=8)
+    tenant: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+
+
+class GeneralSettings(_Strict):
+    # None means "127.0.0.1 unless API keys are configured, then 0.0.0.0" (see ``bind_host``).
+    host: str | None = None
+    port: int = Field(default=4000, ge=0, le=65535)
+    api_keys: list[ApiKey] = []
+    data_dir: Path | None = None
+    # Seconds for one upstream call (LiteLLM's own default is 6000 s, far too long for a proxy).
+    request_timeout: float = Field(default=600.0, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
+    # Retries the proxy itself makes on 429/5xx/connection errors before the first byte. LiteLLM's and the
+    # OpenAI SDK's hidden retries are always turned off, so this is the only retry policy in play.
+    upstream_retries: int = Field(default=0, ge=0, le=10)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = False
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _plain_keys(cls, value: Any) -> Any:
+        # A bare string is shorthand for a key whose tenant is named after its position.
+        if isinstance(value, list):
+            return [{"key": k, "tenant": f"tenant-{i + 1}"} if isinstance(k, str) else k for i, k in enumerate(value)]
+        return value
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> GeneralSettings:
+        keys = [k.key for k in self.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("api_keys: the same key is listed twice")
+        return self
+
+    def bind_host(self) -> str:
+        if self.host is not None:
+            return self.host
+        return "0.0.0.0" if self.api_keys else LOOPBACK_HOST
+
+    def resolved_data_dir(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir.expanduser()
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "lcm-proxy"
+
+
+class LcmSettings(_Strict):
+    """Context-management knobs (DESIGN.md, "Compaction" and "Interception")."""
+
+    enabled: bool = True
+    context_threshold: float = Field(default=0.75, gt=0, le=1)
+    fresh_tail_count: int = Field(default=32, ge=1)
+    leaf_chunk_tokens: int = Field(default=20000, ge=100)
+    leaf_target_tokens: int = Field(default=1200, ge=50)
+    condensed_target_tokens: int = Field(default=2000, ge=50)
+    leaf_min_fanout: int = Field(default=8, ge=2)
+    condensed_min_fanout: int = Field(default=4, ge=2)
+    fallback_max_tokens: int = Field(default=512, ge=32)
+    large_file_token_threshold: int = Field(default=25000, ge=100)
+    tool_result_token_threshold: int = Field(default=2000, ge=50)
+    summary_model: str | None = None
+    summary_timeout: float = Field(default=120.0, gt=0)
+    # Context window for models whose size neither model_info nor LiteLLM's model map knows.
+    default_context_window: int = Field(default=128000, ge=1024)
+    # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
+    default_output_reserve: int = Field(default=4096, ge=0)
+    retrieval_tools: Literal["auto", "always", "off"] = "auto"
+    max_tool_rounds: int = Field(default=6, ge=1, le=50)
+    max_sweep_iterations: int = Field(default=10, ge=1)
+    sweep_deadline_seconds: float = Field(default=300.0, gt=0)
+    max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LcmSettings:
+        if self.tool_result_token_threshold > self.large_file_token_threshold:
+            raise ValueError("tool_result_token_threshold must not exceed large_file_token_threshold")
+        return self
+
+
+class ProxyConfig(_Strict):
+    model_list: list[ModelDeployment] = Field(min_length=1)
+    general_settings: GeneralSettings = GeneralSettings()
+    lcm_settings: LcmSettings = LcmSettings()
+
+
+def resolve_env_references(value: Any, path: str = "") -> Any:
+    """Replace every ``"os.environ/NAME"`` string, at any depth, by the variable's value."""
+    if isinstance(value, dict):
+        return {k: resolve_env_references(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env_references(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and value.startswith(ENV_PREFIX):
+        name = value[len(ENV_PREFIX) :]
+        if name not in os.environ:
+            raise _EnvMissing(f"{path}: environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+class _EnvMissing(Exception):
+    pass
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue  # validator wrappers pydantic adds to the location; not part of the user's path
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _describe(error: Any) -> str:
+    where = _format_location(tuple(error["loc"]))
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    if error["type"] == "missing":
+        return f"{where}: required key is missing"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}"
+
+
+def parse_config(raw: Any, source: str = "<config>") -> ProxyConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(source, ["(top level): expected a mapping of sections"])
+    try:
+        resolved = resolve_env_references(raw)
+    except _EnvMissing as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    try:
+        return ProxyConfig.model_validate(resolved)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read file: {exc.strerror}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_config(raw, str(path))

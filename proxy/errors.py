@@ -1,0 +1,114 @@
+"""The proxy's exception hierarchy.
+
+Every error a client can see is a ``ProxyError``; the wire layer turns it into OpenAI's error JSON
+(``{"error": {"message", "type", "param", "code"}}``) with ``status`` as the HTTP status. Lower-layer
+errors (LiteLLM, SQLite, YAML) are translated into these at exactly one boundary each, so nothing else in
+the code base needs to know those libraries' exception types.
+
+    ProxyError                       any error reported to a client
+    ├── InvalidRequestError          400: the request is malformed; ``param`` names the culprit
+    │   └── ContextLengthExceeded    400: even the protected fresh tail does not fit the model
+    ├── AuthenticationError          401: missing or unknown proxy API key
+    ├── NotFoundError                404: unknown model, conversation, summary or file
+    ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``
+    └── UpstreamError                the provider failed: its status and its message
+        ├── UpstreamConnectionError  502: the provider could not be reached
+        └── UpstreamTimeoutError     504: the provider did not answer in time
+
+    ConfigError                      the YAML configuration is invalid (never sent over HTTP)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Statuses for which retrying the same request cannot succeed. Responses with these carry
+# ``x-should-retry: false`` so that OpenAI SDKs do not resend them behind the user's back.
+NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+
+
+class ProxyError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+
+    @property
+    def retryable(self) -> bool:
+        return self.status not in NON_RETRYABLE_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequestError(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class AuthenticationError(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLargeError(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamConnectionError(UpstreamError):
+    status = 502
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class ConfigError(Exception):
+    """The configuration file is invalid. ``problems`` holds one line per error, each naming a key path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def __str__(self) -> str:
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"invalid configuration in {self.source}:\n{lines}"

@@ -1,0 +1,317 @@
+"""The upstream provider, reached through LiteLLM. The only module that imports ``litellm``.
+
+Three jobs:
+
+* **Forwarding without surprises.** For OpenAI-compatible providers the client's body is forwarded field
+  for field: everything except ``model``/``stream``/``stream_options`` rides in ``extra_body`` (which the
+  OpenAI SDK inside LiteLLM merges into the JSON last), *including* ``messages``, so LiteLLM's rewrites
+  (``developer`` -> ``system``, dropped ``refusal: null``/``content: null``) never reach the wire. Other
+  providers get the standard OpenAI parameters as keyword arguments, for LiteLLM to translate.
+* **No hidden retries, real timeouts.** LiteLLM's and the OpenAI SDK's retries are switched off; the proxy's
+  own ``upstream_retries`` applies before the first byte only.
+* **One error boundary.** ``map_litellm_exceptions`` turns every LiteLLM/OpenAI/httpx/aiohttp exception into
+  a ``proxy.errors.UpstreamError`` carrying the upstream's status and message (mapped by ``status_code``,
+  not by class, because LiteLLM reports e.g. a 503 as ``BadRequestError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from proxy.config import GeneralSettings
+from proxy.errors import ProxyError, UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
+from proxy.routing import ResolvedModel
+from proxy.types import ChatBody, Chunk, JSONObject
+
+log = logging.getLogger("lcm_proxy.upstream")
+
+# Keys LiteLLM Router understands in litellm_params but completion() does not.
+ROUTER_ONLY_PARAMS = frozenset(
+    {"rpm", "tpm", "weight", "order", "max_parallel_requests", "model_name", "use_in_pass_through", "tags"}
+)
+# OpenAI chat parameters LiteLLM translates for non-OpenAI providers.
+TRANSLATED_PARAMS = frozenset(
+    {
+        "temperature", "top_p", "n", "stop", "max_tokens", "max_completion_tokens", "presence_penalty",
+        "frequency_penalty", "logit_bias", "user", "response_format", "seed", "tools", "tool_choice",
+        "parallel_tool_calls", "logprobs", "top_logprobs", "reasoning_effort", "metadata", "modalities",
+        "audio", "prediction", "web_search_options", "functions", "function_call",
+    }
+)  # fmt: skip
+_NOISE_KEYS = ("provider_specific_fields", "citations")
+
+_litellm: Any = None
+
+
+def load_litellm() -> Any:
+    """Import LiteLLM once, configured for an offline, quiet, low-overhead proxy."""
+    global _litellm
+    if _litellm is not None:
+        return _litellm
+    # Without these LiteLLM downloads a price list from GitHub at import (5 s x 3 timeouts offline) and
+    # tokenizers from HuggingFace on first use.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_TELEMETRY", "False")
+    import litellm
+
+    tokenizers = Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(tokenizers))
+    litellm.disable_hf_tokenizer_download = True
+    litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners on stdout
+    litellm.telemetry = False
+    litellm.drop_params = False
+    _litellm = litellm
+    return litellm
+
+
+def _is_passthrough(litellm: Any, params: dict[str, Any]) -> bool:
+    try:
+        _, provider, _, _ = litellm.get_llm_provider(
+            model=params["model"], custom_llm_provider=params.get("custom_llm_provider"), api_base=params.get("api_base")
+        )
+    except Exception:
+        return False
+    return provider == "openai" or provider in litellm.openai_compatible_providers
+
+
+# --- error translation -------------------------------------------------------------------------------------
+
+
+def _walk_causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    import httpx
+
+    names = {"Timeout", "APITimeoutError", "ReadTimeout", "ServerTimeoutError"}
+    return any(
+        type(e).__name__ in names or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
+        for e in _walk_causes(exc)
+    )
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    import httpx
+
+    for e in _walk_causes(exc):
+        if isinstance(e, httpx.ConnectError | ConnectionError) or type(e).__name__ in (
+            "APIConnectionError",
+            "ClientConnectorError",
+            "ClientConnectionError",
+            "ServerDisconnectedError",
+        ):
+            return True
+    return False
+
+
+def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, str | None]:
+    """The upstream's own error message, type, code and param, when the exception carries them."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            code = err.get("code")
+            return err["message"], err.get("type"), str(code) if code is not None else None, err.get("param")
+    message = str(getattr(exc, "message", None) or exc)
+    # LiteLLM prefixes messages with its class and provider: "litellm.BadRequestError: OpenAIException - ...".
+    if " - " in message and message.startswith("litellm."):
+        message = message.split(" - ", 1)[1]
+    return message, None, None, None
+
+
+def translate_exception(exc: BaseException, timeout: float | None = None) -> ProxyError:
+    if isinstance(exc, ProxyError):
+        return exc
+    status = getattr(exc, "status_code", None)
+    if _is_timeout(exc) or status == 408:
+        limit = f" within {timeout:g} s" if timeout else ""
+        return UpstreamTimeoutError(f"The upstream provider did not respond{limit}.")
+    has_response = getattr(exc, "response", None) is not None and getattr(exc, "body", None) is not None
+    if not has_response and _is_connection_failure(exc):
+        return UpstreamConnectionError("Could not connect to the upstream provider.")
+    message, kind, code, param = _upstream_fields(exc)
+    if isinstance(status, int) and 400 <= status < 600:
+        return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
+    return UpstreamError(f"Upstream call failed: {message}", status=502)
+
+
+@contextmanager
+def map_litellm_exceptions(timeout: float | None = None) -> Iterator[None]:
+    try:
+        yield
+    except (ProxyError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        translated = translate_exception(exc, timeout)
+        log.info("upstream error %s: %s", translated.status, translated.message)
+        raise translated from exc
+
+
+# --- response shapes ---------------------------------------------------------------------------------------
+
+
+def response_to_json(response: Any) -> JSONObject:
+    """LiteLLM's ModelResponse as OpenAI's wire JSON."""
+    data: JSONObject = response.model_dump(exclude_none=True)
+    for key in _NOISE_KEYS:
+        data.pop(key, None)
+    for choice in data.get("choices", []):
+        choice.pop("provider_specific_fields", None)
+        message = choice.get("message")
+        if isinstance(message, dict):
+            extra = message.pop("provider_specific_fields", None) or {}
+            if "refusal" in extra:
+                message["refusal"] = extra["refusal"]
+            message.setdefault("content", None)
+    return data
+
+
+def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
+    """One streamed chunk as OpenAI's wire JSON, or None when it must not be sent."""
+    data: Chunk = chunk.model_dump(exclude_none=True)
+    for key in _NOISE_KEYS:
+        data.pop(key, None)
+    usage = data.pop("usage", None)
+    choices = data.get("choices", [])
+    for choice in choices:
+        choice.pop("provider_specific_fields", None)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            delta.pop("provider_specific_fields", None)
+    is_usage_chunk = usage is not None and all(not c.get("delta") and not c.get("finish_reason") for c in choices)
+    if is_usage_chunk:
+        if not include_usage:
+            return None
+        # OpenAI sends the usage chunk with an empty choices list; LiteLLM sends one empty choice.
+        data["choices"] = []
+        data["usage"] = usage
+    return data
+
+
+# --- calls -------------------------------------------------------------------------------------------------
+
+
+class UpstreamStream:
+    """An open streamed completion: async-iterates OpenAI chunk dicts, always closed exactly once."""
+
+    def __init__(self, wrapper: Any, first: Any, include_usage: bool, timeout: float) -> None:
+        self._wrapper = wrapper
+        self._first = first
+        self._include_usage = include_usage
+        self._timeout = timeout
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        try:
+            chunk = self._first
+            self._first = None
+            while chunk is not None:
+                self._check_truncation(chunk)
+                data = chunk_to_json(chunk, self._include_usage)
+                if data is not None:
+                    yield data
+                with map_litellm_exceptions(self._timeout):
+                    chunk = await anext(self._wrapper, None)
+        finally:
+            await self.aclose()
+
+    def _check_truncation(self, chunk: Any) -> None:
+        # LiteLLM turns an upstream stream that ends without a finish_reason into a clean "stop". A client
+        # must learn its answer was cut, so a finish the upstream never sent becomes an error instead.
+        finished = any(getattr(c, "finish_reason", None) for c in getattr(chunk, "choices", []) or [])
+        if finished and getattr(self._wrapper, "received_finish_reason", "unknown") is None:
+            raise UpstreamError(
+                "The upstream provider closed the stream before the response was complete.",
+                status=502,
+                code="upstream_stream_truncated",
+            )
+
+    async def aclose(self) -> None:
+        close = getattr(self._wrapper, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # closing a broken connection must never mask the real outcome
+                log.debug("error while closing upstream stream", exc_info=True)
+
+
+class Upstream:
+    def __init__(self, settings: GeneralSettings) -> None:
+        self._settings = settings
+        self._litellm = load_litellm()
+
+    def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
+        params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}
+        call_timeout = params.pop("timeout", None)
+        stream_timeout = params.pop("stream_timeout", None)
+        timeout = float((stream_timeout if stream else None) or call_timeout or self._settings.request_timeout)
+        if params.get("api_base") and not params.get("api_key"):
+            # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
+            # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
+            params["api_key"] = "no-key-configured"
+        kwargs: dict[str, Any] = {
+            **params,
+            # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
+            "messages": copy.deepcopy(body["messages"]),
+            "stream": stream,
+            "timeout": timeout,
+            "max_retries": 0,
+            "num_retries": 0,
+        }
+        if stream and body.get("stream_options") is not None:
+            # A real keyword: inside extra_body LiteLLM silently drops the usage chunk.
+            kwargs["stream_options"] = copy.deepcopy(body["stream_options"])
+        extras = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
+        if _is_passthrough(self._litellm, params):
+            kwargs["extra_body"] = {**copy.deepcopy(extras), "messages": copy.deepcopy(body["messages"])}
+        else:
+            # Native providers: LiteLLM translates the OpenAI parameters it knows; the rest go as-is.
+            kwargs.update({k: copy.deepcopy(v) for k, v in extras.items() if k in TRANSLATED_PARAMS})
+            rest = {k: v for k, v in extras.items() if k not in TRANSLATED_PARAMS}
+            if rest:
+                kwargs["extra_body"] = copy.deepcopy(rest)
+            kwargs["_skip_mcp_handler"] = True  # else tools=[...] needs the optional 'mcp' package
+        return kwargs, timeout
+
+    async def _call(self, kwargs: dict[str, Any], timeout: float) -> Any:
+        attempt = 0
+        while True:
+            try:
+                with map_litellm_exceptions(timeout):
+                    return await self._litellm.acompletion(**kwargs)
+            except UpstreamError as exc:
+                retryable = exc.status == 429 or exc.status >= 500
+                if not retryable or attempt >= self._settings.upstream_retries:
+                    raise
+                attempt += 1
+                await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+
+    async def complete(self, target: ResolvedModel, body: ChatBody) -> JSONObject:
+        kwargs, timeout = self._kwargs(target, body, stream=False)
+        response = await self._call(kwargs, timeout)
+        return response_to_json(response)
+
+    async def open_stream(self, target: ResolvedModel, body: ChatBody) -> UpstreamStream:
+        """Start a streamed completion and wait for its first chunk, so early failures raise here."""
+        kwargs, timeout = self._kwargs(target, body, stream=True)
+        wrapper = await self._call(kwargs, timeout)
+        try:
+            with map_litellm_exceptions(timeout):
+                first = await anext(wrapper, None)
+        except BaseException:
+            await UpstreamStream(wrapper, None, False, timeout).aclose()
+            raise
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return UpstreamStream(wrapper, first, include_usage, timeout)

@@ -1,0 +1,1 @@
+"""The HTTP face of the proxy: OpenAI request, response, SSE and error shapes, and authentication."""

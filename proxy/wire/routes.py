@@ -1,0 +1,81 @@
+"""Route handlers: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``.
+
+Handlers translate between HTTP and the layers below and contain no model-specific logic. Every failure
+leaves here as OpenAI error JSON: ``ProxyError`` with its own status, anything unexpected as a 500 that
+OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is not sent three times.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy import __version__
+from proxy.errors import ProxyError
+from proxy.upstream import UpstreamStream
+from proxy.wire.http import JSONResponse, error_response, read_json_body
+from proxy.wire.sse import DONE, sse_event
+from proxy.wire.validation import validate_chat_request
+
+if TYPE_CHECKING:
+    from proxy.app import AppState
+
+log = logging.getLogger("lcm_proxy.wire")
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.lcm  # type: ignore[no-any-return]
+
+
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    try:
+        state.auth.tenant_for(request)
+        body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
+        target = state.router.resolve(body["model"])
+        if body.get("stream"):
+            # Open the upstream stream before answering, so that an early upstream failure becomes a real
+            # HTTP status instead of an error event inside a 200.
+            stream = await state.upstream.open_stream(target, body)
+            return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+        return JSONResponse(await state.upstream.complete(target, body))
+    except ProxyError as error:
+        return error_response(error)
+
+
+async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
+    """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event."""
+    try:
+        async for chunk in stream:
+            yield sse_event(chunk)
+    except ProxyError as error:
+        yield sse_event(error.to_json())
+        return
+    except Exception:
+        log.exception("unexpected error while streaming")
+        yield sse_event(ProxyError("Internal error in lcm-proxy while streaming.").to_json())
+        return
+    yield DONE
+
+
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    try:
+        state.auth.tenant_for(request)
+    except ProxyError as error:
+        return error_response(error)
+    data = [
+        {"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"}
+        for name in state.router.public_names()
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "version": __version__})

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.config import ProxyConfig, parse_config
+from tests.fakes import FakeUpstream
+from tests.servers import serve_in_thread
+
+# Tests never reach the internet: LiteLLM must not fetch its price list or tokenizers.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.pop("OPENAI_API_KEY", None)
+
+UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server() -> Iterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream()
+    with serve_in_thread(fake.app) as url:
+        yield fake, url
+
+
+@pytest.fixture
+def fake_upstream(fake_upstream_server: tuple[FakeUpstream, str]) -> FakeUpstream:
+    fake, _ = fake_upstream_server
+    fake.requests.clear()
+    fake.script.clear()
+    fake.stream_finished.clear()
+    fake.stream_cancelled.clear()
+    fake.chunks_sent = 0
+    return fake
+
+
+@pytest.fixture
+def upstream_url(fake_upstream_server: tuple[FakeUpstream, str]) -> str:
+    return fake_upstream_server[1]
+
+
+def make_config(upstream_url: str, data_dir: Path, **general: Any) -> ProxyConfig:
+    raw: dict[str, Any] = {
+        "model_list": [
+            {
+                "model_name": "test-model",
+                "litellm_params": {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": UPSTREAM_KEY},
+                "model_info": {"max_input_tokens": 100000},
+            },
+            {
+                "model_name": "unreachable",
+                "litellm_params": {"model": "openai/x", "api_base": "http://127.0.0.1:9/v1", "api_key": UPSTREAM_KEY},
+            },
+        ],
+        "general_settings": {"data_dir": str(data_dir), "request_timeout": 5, **general},
+    }
+    return parse_config(raw)
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    config: ProxyConfig
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+
+@pytest.fixture
+def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Any]:
+    """Start real proxies (uvicorn on 127.0.0.1) with a fresh data dir each; stopped after the test."""
+    stack: list[Any] = []
+
+    def start(**general: Any) -> RunningProxy:
+        config = make_config(upstream_url, tmp_path / f"data{len(stack)}", **general)
+        ctx = serve_in_thread(create_app(config))
+        url = ctx.__enter__()
+        stack.append(ctx)
+        return RunningProxy(url=url, config=config)
+
+    yield start
+    for ctx in reversed(stack):
+        ctx.__exit__(None, None, None)
+
+
+@pytest.fixture
+def proxy(proxy_factory: Any) -> RunningProxy:
+    return proxy_factory()  # type: ignore[no-any-return]
