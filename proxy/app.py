@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
-from proxy.errors import InvalidRequestError, NotFoundError, ProxyError
+from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.routing import ModelRouter
 from proxy.upstream import Upstream
 from proxy.wire import routes
@@ -56,7 +56,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(ProxyError("Internal error in lcm-proxy. The request was not forwarded."))
+    return error_response(InternalError("Internal error in lcm-proxy. The request was not forwarded."))
 
 
 def create_app(config: ProxyConfig) -> Starlette:
@@ -73,7 +73,10 @@ def create_app(config: ProxyConfig) -> Starlette:
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
         log.info("data directory: %s", data_dir)
-        log.info("authentication: %s", f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off")
+        log.info(
+            "authentication: %s",
+            f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
+        )
         yield
 
     app = Starlette(

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from proxy import __version__
 from proxy.config import ProxyConfig, load_config
@@ -52,7 +53,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK")
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
-    print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
+    print(
+        f"  auth:    {len(settings.api_keys)} API key(s)"
+        if settings.api_keys
+        else "  auth:    off (single tenant)"
+    )
     print(f"  data:    {settings.resolved_data_dir()}")
     return 0
 
@@ -63,22 +68,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     settings = config.general_settings
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     host = args.host or settings.bind_host()
     port = settings.port if args.port is None else args.port
     if not settings.api_keys and not _is_loopback(host):
-        log.warning("listening on %s with NO API keys: anyone who can reach this port can use your upstream keys", host)
+        log.warning(
+            "listening on %s with NO API keys: anyone who can reach this port can use your upstream keys",
+            host,
+        )
 
     import uvicorn
 
-    common = dict(
-        host=host,
-        port=port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=10,
-    )
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "access_log": settings.access_log,
+        "timeout_graceful_shutdown": 10,
+    }
     log.info("lcm-proxy %s listening on http://%s:%s (config %s)", __version__, host, port, args.config)
     if args.workers > 1:
         # Workers are separate processes: they import the app from the environment.
@@ -95,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lcm-proxy",
         description="OpenAI-compatible reverse proxy with lossless context management.",
-        epilog="Point any OpenAI client's base_url at http://HOST:PORT/v1. See README.md for the config reference.",
+        epilog="Point any OpenAI client at http://HOST:PORT/v1. README.md has the config reference.",
     )
     parser.add_argument("--version", action="version", version=f"lcm-proxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -108,12 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
     add_config(serve)
-    serve.add_argument("--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)")
+    serve.add_argument(
+        "--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)"
+    )
     serve.add_argument("--port", type=int, help="port (default: general_settings.port, 4000)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
     serve.set_defaults(func=cmd_serve)
 
-    check = sub.add_parser("check-config", help="validate a config file and summarise it", description="Validate a config file.")
+    check = sub.add_parser(
+        "check-config", help="validate a config file and summarise it", description="Validate a config file."
+    )
     check.add_argument("config_path", nargs="?", metavar="PATH", help="config file (or use --config)")
     add_config(check)
     check.set_defaults(func=cmd_check_config)

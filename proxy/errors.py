@@ -6,6 +6,7 @@ errors (LiteLLM, SQLite, YAML) are translated into these at exactly one boundary
 the code base needs to know those libraries' exception types.
 
     ProxyError                       any error reported to a client
+    ├── InternalError                500: a bug in the proxy; never retried by SDKs
     ├── InvalidRequestError          400: the request is malformed; ``param`` names the culprit
     │   └── ContextLengthExceeded    400: even the protected fresh tail does not fit the model
     ├── AuthenticationError          401: missing or unknown proxy API key
@@ -57,6 +58,16 @@ class ProxyError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InternalError(ProxyError):
+    """A bug in the proxy. OpenAI SDKs would send the same request three times; ``retryable`` stops that."""
+
+    status = 500
+
+    @property
+    def retryable(self) -> bool:
+        return False
 
 
 class InvalidRequestError(ProxyError):

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from proxy.config import GeneralSettings
 from proxy.errors import ProxyError, UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
 from proxy.routing import ResolvedModel
@@ -74,7 +76,9 @@ def load_litellm() -> Any:
 def _is_passthrough(litellm: Any, params: dict[str, Any]) -> bool:
     try:
         _, provider, _, _ = litellm.get_llm_provider(
-            model=params["model"], custom_llm_provider=params.get("custom_llm_provider"), api_base=params.get("api_base")
+            model=params["model"],
+            custom_llm_provider=params.get("custom_llm_provider"),
+            api_base=params.get("api_base"),
         )
     except Exception:
         return False
@@ -94,17 +98,16 @@ def _walk_causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    import httpx
 
     names = {"Timeout", "APITimeoutError", "ReadTimeout", "ServerTimeoutError"}
     return any(
-        type(e).__name__ in names or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
+        type(e).__name__ in names
+        or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
         for e in _walk_causes(exc)
     )
 
 
 def _is_connection_failure(exc: BaseException) -> bool:
-    import httpx
 
     for e in _walk_causes(exc):
         if isinstance(e, httpx.ConnectError | ConnectionError) or type(e).__name__ in (
@@ -191,7 +194,9 @@ def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             delta.pop("provider_specific_fields", None)
-    is_usage_chunk = usage is not None and all(not c.get("delta") and not c.get("finish_reason") for c in choices)
+    is_usage_chunk = usage is not None and all(
+        not c.get("delta") and not c.get("finish_reason") for c in choices
+    )
     if is_usage_chunk:
         if not include_usage:
             return None
@@ -256,7 +261,11 @@ class Upstream:
         params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}
         call_timeout = params.pop("timeout", None)
         stream_timeout = params.pop("stream_timeout", None)
-        timeout = float((stream_timeout if stream else None) or call_timeout or self._settings.request_timeout)
+        timeout = float(
+            (stream_timeout if stream else None) or call_timeout or self._settings.request_timeout
+        )
+        # A separate, short connect timeout: a dead host should fail in seconds, not after request_timeout.
+        http_timeout = httpx.Timeout(timeout, connect=min(timeout, self._settings.connect_timeout))
         if params.get("api_base") and not params.get("api_key"):
             # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
             # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
@@ -266,7 +275,7 @@ class Upstream:
             # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
             "messages": copy.deepcopy(body["messages"]),
             "stream": stream,
-            "timeout": timeout,
+            "timeout": http_timeout,
             "max_retries": 0,
             "num_retries": 0,
         }

@@ -48,12 +48,20 @@ def make_config(upstream_url: str, data_dir: Path, **general: Any) -> ProxyConfi
         "model_list": [
             {
                 "model_name": "test-model",
-                "litellm_params": {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": UPSTREAM_KEY},
+                "litellm_params": {
+                    "model": "openai/fake-model",
+                    "api_base": f"{upstream_url}/v1",
+                    "api_key": UPSTREAM_KEY,
+                },
                 "model_info": {"max_input_tokens": 100000},
             },
             {
                 "model_name": "unreachable",
-                "litellm_params": {"model": "openai/x", "api_base": "http://127.0.0.1:9/v1", "api_key": UPSTREAM_KEY},
+                "litellm_params": {
+                    "model": "openai/x",
+                    "api_base": "http://127.0.0.1:9/v1",
+                    "api_key": UPSTREAM_KEY,
+                },
             },
         ],
         "general_settings": {"data_dir": str(data_dir), "request_timeout": 5, **general},
@@ -65,6 +73,7 @@ def make_config(upstream_url: str, data_dir: Path, **general: Any) -> ProxyConfi
 class RunningProxy:
     url: str
     config: ProxyConfig
+    app: Any
 
     @property
     def base_url(self) -> str:
@@ -78,10 +87,11 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Any]:
 
     def start(**general: Any) -> RunningProxy:
         config = make_config(upstream_url, tmp_path / f"data{len(stack)}", **general)
-        ctx = serve_in_thread(create_app(config))
+        app = create_app(config)
+        ctx = serve_in_thread(app)
         url = ctx.__enter__()
         stack.append(ctx)
-        return RunningProxy(url=url, config=config)
+        return RunningProxy(url=url, config=config, app=app)
 
     yield start
     for ctx in reversed(stack):

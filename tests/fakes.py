@@ -32,7 +32,9 @@ class Reply:
     chunk_delay: float = 0.0  # seconds between streamed chunks
     cut_after: int | None = None  # streaming: drop the connection after this many content chunks
     raw_body: bytes | None = None  # send these bytes instead of a JSON body
-    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    )
 
 
 @dataclass
@@ -74,18 +76,32 @@ class FakeUpstream:
         return self.requests[-1]
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "t"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "t"}],
+            }
+        )
 
     async def chat(self, request: Request) -> Response:
         body = json.loads(await request.body())
         self.requests.append(Recorded(body=body, headers=dict(request.headers)))
-        reply = self.script.popleft() if self.script else Reply(content=f"echo: {_last_user_text(body['messages'])}")
+        reply = (
+            self.script.popleft()
+            if self.script
+            else Reply(content=f"echo: {_last_user_text(body['messages'])}")
+        )
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.raw_body is not None:
             return Response(reply.raw_body, status_code=reply.status, media_type="application/json")
         if reply.status != 200:
-            error = {"message": reply.error_message, "type": reply.error_type, "param": None, "code": reply.error_code}
+            error = {
+                "message": reply.error_message,
+                "type": reply.error_type,
+                "param": None,
+                "code": reply.error_code,
+            }
             return JSONResponse({"error": error}, status_code=reply.status)
         if body.get("stream"):
             return StreamingResponse(self._stream(body, reply), media_type="text/event-stream")
@@ -112,7 +128,12 @@ class FakeUpstream:
         )
 
     async def _stream(self, body: dict[str, Any], reply: Reply):  # type: ignore[no-untyped-def]
-        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000, "model": body["model"]}
+        base = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": body["model"],
+        }
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
             return "data: " + json.dumps({**base, "choices": choices, **extra}) + "\n\n"

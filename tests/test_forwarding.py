@@ -19,11 +19,19 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
 ]
-WEATHER_CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+WEATHER_CALL = {
+    "id": "call_abc",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+}
 
 
 def client(proxy: RunningProxy, key: str = "unused") -> openai.OpenAI:
@@ -64,10 +72,14 @@ def test_streaming_with_usage(proxy: RunningProxy, fake_upstream: FakeUpstream) 
     assert fake_upstream.last.body["stream_options"] == {"include_usage": True}
 
 
-def test_streaming_without_usage_sends_no_usage_chunk(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+def test_streaming_without_usage_sends_no_usage_chunk(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.enqueue(Reply(content="a b"))
     chunks = list(
-        client(proxy).chat.completions.create(model="test-model", messages=[{"role": "user", "content": "x"}], stream=True)
+        client(proxy).chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "x"}], stream=True
+        )
     )
     assert all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
@@ -86,19 +98,28 @@ def test_raw_sse_ends_with_done(proxy: RunningProxy, fake_upstream: FakeUpstream
     assert lines[-1] == "data: [DONE]"
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert all(line.startswith("data: ") for line in lines)
-    assert all(p["object"] == "chat.completion.chunk" and "provider_specific_fields" not in p for p in payloads)
+    assert all(
+        p["object"] == "chat.completion.chunk" and "provider_specific_fields" not in p for p in payloads
+    )
 
 
 def test_tool_calls_non_streaming(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.enqueue(Reply(content=None, tool_calls=[WEATHER_CALL]))
     result = client(proxy).chat.completions.create(
-        model="test-model", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=TOOLS, tool_choice="auto"
+        model="test-model",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TOOLS,
+        tool_choice="auto",
     )
     message = result.choices[0].message
     assert result.choices[0].finish_reason == "tool_calls"
     assert message.tool_calls is not None and len(message.tool_calls) == 1
     call = message.tool_calls[0]
-    assert (call.id, call.function.name, json.loads(call.function.arguments)) == ("call_abc", "get_weather", {"city": "Oslo"})
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_abc",
+        "get_weather",
+        {"city": "Oslo"},
+    )
     assert fake_upstream.last.body["tools"] == TOOLS and fake_upstream.last.body["tool_choice"] == "auto"
 
 
@@ -112,7 +133,9 @@ def test_tool_calls_streaming(proxy: RunningProxy, fake_upstream: FakeUpstream) 
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [d.id for d in deltas if d.id] == ["call_abc"]
     assert "".join(d.function.arguments or "" for d in deltas if d.function) == '{"city":"Oslo"}'
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
 
 
 def test_models_list(proxy: RunningProxy) -> None:
@@ -131,7 +154,10 @@ FULL_TRANSCRIPT: list[dict[str, Any]] = [
         "role": "user",
         "content": [
             {"type": "text", "text": "And this picture?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"},
+            },
         ],
     },
 ]

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
-from proxy.errors import ProxyError
+from proxy.errors import InternalError, ProxyError
 from proxy.upstream import UpstreamStream
 from proxy.wire.http import JSONResponse, error_response, read_json_body
 from proxy.wire.sse import DONE, sse_event
@@ -37,7 +37,9 @@ async def chat_completions(request: Request) -> Response:
     state = _state(request)
     try:
         state.auth.tenant_for(request)
-        body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
+        body = validate_chat_request(
+            await read_json_body(request, state.config.general_settings.max_body_bytes)
+        )
         target = state.router.resolve(body["model"])
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
@@ -59,7 +61,7 @@ async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
         return
     except Exception:
         log.exception("unexpected error while streaming")
-        yield sse_event(ProxyError("Internal error in lcm-proxy while streaming.").to_json())
+        yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
         return
     yield DONE
 

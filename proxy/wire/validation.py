@@ -68,7 +68,9 @@ def _content(message: dict[str, Any], param: str, allowed: set[str], nullable: b
     if "content" not in message or message["content"] is None:
         if not nullable:
             raise InvalidRequestError(
-                f"Missing required parameter: '{param}.content'.", param=f"{param}.content", code="missing_required_parameter"
+                f"Missing required parameter: '{param}.content'.",
+                param=f"{param}.content",
+                code="missing_required_parameter",
             )
         return
     content = message["content"]
@@ -96,7 +98,9 @@ def _message(message: Any, param: str) -> None:
     role = message.get("role")
     if role is None:
         raise InvalidRequestError(
-            f"Missing required parameter: '{param}.role'.", param=f"{param}.role", code="missing_required_parameter"
+            f"Missing required parameter: '{param}.role'.",
+            param=f"{param}.role",
+            code="missing_required_parameter",
         )
     if role not in ROLES:
         raise _fail(f"{param}.role", f"expected one of {list(ROLES)}, got {role!r}.")
@@ -207,18 +211,29 @@ def _simple_types(body: ChatBody) -> None:
             _expect(body[key], kinds, key, what)
 
 
-CHECKS: tuple[Callable[[ChatBody], None], ...] = (_stream, _stop, _tools, _tool_choice, _response_format, _simple_types)
+CHECKS: tuple[Callable[[ChatBody], None], ...] = (
+    _stream,
+    _stop,
+    _tools,
+    _tool_choice,
+    _response_format,
+    _simple_types,
+)
 
 
 def validate_chat_request(body: Any) -> ChatBody:
     """Return ``body`` if it is a well-formed chat completion request, else raise ``InvalidRequestError``."""
     if not isinstance(body, dict):
         raise InvalidRequestError(
-            f"The request body must be a JSON object, got {_type_name(body)}.", param=None, code="invalid_body"
+            f"The request body must be a JSON object, got {_type_name(body)}.",
+            param=None,
+            code="invalid_body",
         )
     model = body.get("model")
     if model is None:
-        raise InvalidRequestError("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+        raise InvalidRequestError(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
     _expect(model, str, "model", "a string")
     if not model:
         raise _fail("model", "must not be empty.")

@@ -1,0 +1,127 @@
+"""Unit tests of the upstream module alone, with respx standing in for the provider's HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from proxy.config import GeneralSettings
+from proxy.errors import UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
+from proxy.routing import ResolvedModel
+from proxy.upstream import Upstream, load_litellm, translate_exception
+
+API = "http://upstream.test/v1"
+TARGET = ResolvedModel(
+    alias="m",
+    litellm_params={"model": "openai/real", "api_base": API, "api_key": "k-123"},
+    max_input_tokens=None,
+    max_output_tokens=None,
+)
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+OK = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "real",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "yo", "refusal": None},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    litellm = load_litellm()
+    previous = litellm.disable_aiohttp_transport
+    litellm.disable_aiohttp_transport = True  # let respx see LiteLLM's traffic
+    try:
+        yield Upstream(GeneralSettings(request_timeout=2, upstream_retries=2))
+    finally:
+        litellm.disable_aiohttp_transport = previous
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def error_body(message: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422, 429, 500, 503])
+def test_status_is_kept_with_upstream_message(upstream: Upstream, status: int) -> None:
+    with respx.mock(assert_all_called=False) as mock:
+        route = mock.post(f"{API}/chat/completions").respond(status, json=error_body(f"boom {status}", "c1"))
+        with pytest.raises(UpstreamError) as info:
+            run(upstream.complete(TARGET, BODY))
+    assert info.value.status == status
+    assert info.value.message == f"boom {status}"
+    assert info.value.code == "c1"
+    retried = status == 429 or status >= 500
+    assert route.call_count == (3 if retried else 1)  # upstream_retries=2, only for retryable statuses
+
+
+def test_connect_error_is_502(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        mock.post(f"{API}/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+        with pytest.raises(UpstreamConnectionError) as info:
+            run(upstream.complete(TARGET, BODY))
+    assert info.value.status == 502
+
+
+def test_timeout_is_504(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        mock.post(f"{API}/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))
+        with pytest.raises(UpstreamTimeoutError) as info:
+            run(upstream.complete(TARGET, BODY))
+    assert info.value.status == 504 and "2 s" in info.value.message
+
+
+def test_retry_then_success(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        route = mock.post(f"{API}/chat/completions")
+        route.side_effect = [httpx.Response(503, json=error_body("busy")), httpx.Response(200, json=OK)]
+        result = run(upstream.complete(TARGET, BODY))
+    assert result["choices"][0]["message"] == {"role": "assistant", "content": "yo", "refusal": None}
+    assert route.call_count == 2
+
+
+def test_request_sends_configured_key_and_no_hidden_fields(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        route = mock.post(f"{API}/chat/completions").respond(200, json=OK)
+        run(upstream.complete(TARGET, {**BODY, "metadata": {"a": "b"}}))
+    sent = json.loads(route.calls.last.request.content)
+    assert route.calls.last.request.headers["authorization"] == "Bearer k-123"
+    assert sent == {"model": "real", "messages": BODY["messages"], "metadata": {"a": "b"}}
+
+
+def test_missing_key_with_api_base_never_sends_proxy_environment_key(
+    upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-proxy-host-secret")
+    target = ResolvedModel(
+        alias="m",
+        litellm_params={"model": "openai/real", "api_base": API},
+        max_input_tokens=None,
+        max_output_tokens=None,
+    )
+    with respx.mock() as mock:
+        route = mock.post(f"{API}/chat/completions").respond(200, json=OK)
+        run(upstream.complete(target, BODY))
+    assert "sk-proxy-host-secret" not in route.calls.last.request.headers["authorization"]
+
+
+def test_translate_unknown_exception_is_502() -> None:
+    error = translate_exception(RuntimeError("weird"))
+    assert error.status == 502 and "weird" in error.message
