@@ -53,11 +53,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK")
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
-    print(
-        f"  auth:    {len(settings.api_keys)} API key(s)"
-        if settings.api_keys
-        else "  auth:    off (single tenant)"
-    )
+    print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
     print(f"  data:    {settings.resolved_data_dir()}")
     return 0
 
@@ -118,9 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
     add_config(serve)
-    serve.add_argument(
-        "--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)"
-    )
+    serve.add_argument("--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)")
     serve.add_argument("--port", type=int, help="port (default: general_settings.port, 4000)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
     serve.set_defaults(func=cmd_serve)

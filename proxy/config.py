@@ -77,10 +77,7 @@ class GeneralSettings(_Strict):
     def _plain_keys(cls, value: Any) -> Any:
         # A bare string is shorthand for a key whose tenant is named after its position.
         if isinstance(value, list):
-            return [
-                {"key": k, "tenant": f"tenant-{i + 1}"} if isinstance(k, str) else k
-                for i, k in enumerate(value)
-            ]
+            return [{"key": k, "tenant": f"tenant-{i + 1}"} if isinstance(k, str) else k for i, k in enumerate(value)]
         return value
 
     @model_validator(mode="after")

@@ -101,8 +101,7 @@ def _is_timeout(exc: BaseException) -> bool:
 
     names = {"Timeout", "APITimeoutError", "ReadTimeout", "ServerTimeoutError"}
     return any(
-        type(e).__name__ in names
-        or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
+        type(e).__name__ in names or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
         for e in _walk_causes(exc)
     )
 
@@ -194,9 +193,7 @@ def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             delta.pop("provider_specific_fields", None)
-    is_usage_chunk = usage is not None and all(
-        not c.get("delta") and not c.get("finish_reason") for c in choices
-    )
+    is_usage_chunk = usage is not None and all(not c.get("delta") and not c.get("finish_reason") for c in choices)
     if is_usage_chunk:
         if not include_usage:
             return None
@@ -261,9 +258,7 @@ class Upstream:
         params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}
         call_timeout = params.pop("timeout", None)
         stream_timeout = params.pop("stream_timeout", None)
-        timeout = float(
-            (stream_timeout if stream else None) or call_timeout or self._settings.request_timeout
-        )
+        timeout = float((stream_timeout if stream else None) or call_timeout or self._settings.request_timeout)
         # A separate, short connect timeout: a dead host should fail in seconds, not after request_timeout.
         http_timeout = httpx.Timeout(timeout, connect=min(timeout, self._settings.connect_timeout))
         if params.get("api_base") and not params.get("api_key"):

@@ -86,11 +86,7 @@ class FakeUpstream:
     async def chat(self, request: Request) -> Response:
         body = json.loads(await request.body())
         self.requests.append(Recorded(body=body, headers=dict(request.headers)))
-        reply = (
-            self.script.popleft()
-            if self.script
-            else Reply(content=f"echo: {_last_user_text(body['messages'])}")
-        )
+        reply = self.script.popleft() if self.script else Reply(content=f"echo: {_last_user_text(body['messages'])}")
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.raw_body is not None:

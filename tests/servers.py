@@ -19,9 +19,7 @@ class _ThreadServer(uvicorn.Server):
 @contextlib.contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Yield the server's base URL (``http://127.0.0.1:PORT``) while it runs."""
-    config = uvicorn.Config(
-        app, host=host, port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
-    )
+    config = uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -58,9 +58,7 @@ def test_bind_host_defaults() -> None:
     assert GeneralSettings(host="10.1.2.3").bind_host() == "10.1.2.3"
 
 
-def test_keys_never_logged(
-    proxy_factory: Any, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_keys_never_logged(proxy_factory: Any, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     proxy = proxy_factory(api_keys=KEYS)
     httpx.post(
@@ -68,9 +66,7 @@ def test_keys_never_logged(
         json=CHAT,
         headers={"authorization": "Bearer sk-proxy-alice-000000"},
     )
-    httpx.post(
-        f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"}
-    )
+    httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"})
     text = caplog.text
     assert "model test-model -> openai/fake-model" in text  # startup log happened and was captured
     for secret in ("sk-proxy-alice-000000", "sk-proxy-bob-1111111", "sk-guess-99999999", UPSTREAM_KEY):

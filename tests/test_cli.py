@@ -32,9 +32,7 @@ def free_port() -> int:
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [console_script(), *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO
-    )
+    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
 
 
 @pytest.fixture
@@ -71,9 +69,7 @@ def test_help_and_import_do_not_load_litellm() -> None:
 
 
 def test_python_dash_m_entry_point() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "proxy", "--version"], capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, "-m", "proxy", "--version"], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("lcm-proxy ")
 
 
@@ -81,9 +77,7 @@ def test_check_config_ok_and_error(tmp_path: Path, isolated_env: dict[str, str])
     ok = run("check-config", "config/proxy.yaml", env=isolated_env)
     assert ok.returncode == 0 and "OK" in ok.stdout and "local" in ok.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        "model_list:\n  - model_name: m\n    litellm_params: {model: x}\nlcm_settings:\n  fresh_tail: 3\n"
-    )
+    bad.write_text("model_list:\n  - model_name: m\n    litellm_params: {model: x}\nlcm_settings:\n  fresh_tail: 3\n")
     result = run("check-config", str(bad), env=isolated_env)
     assert result.returncode == 1
     assert "lcm_settings.fresh_tail: unknown key" in result.stderr
@@ -116,9 +110,7 @@ def served(isolated_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, 
             process.wait(timeout=20)
 
 
-def test_serve_example_config_answers_healthz(
-    served: tuple[str, subprocess.Popen[str], Path], tmp_path: Path
-) -> None:
+def test_serve_example_config_answers_healthz(served: tuple[str, subprocess.Popen[str], Path], tmp_path: Path) -> None:
     url, _process, log_path = served
     health = httpx.get(f"{url}/healthz", timeout=5)
     assert health.status_code == 200 and health.json()["status"] == "ok"

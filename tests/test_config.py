@@ -86,9 +86,7 @@ def test_wildcard_routing(tmp_path: Path, env: None) -> None:
 
 def test_without_wildcard_unknown_model_is_not_found() -> None:
     router = ModelRouter(
-        parse_config(
-            {"model_list": [{"model_name": "a", "litellm_params": {"model": "openai/a"}}]}
-        ).model_list
+        parse_config({"model_list": [{"model_name": "a", "litellm_params": {"model": "openai/a"}}]}).model_list
     )
     with pytest.raises(NotFoundError) as info:
         router.resolve("b")
@@ -130,9 +128,7 @@ def test_missing_env_variable_names_path_and_variable(monkeypatch: pytest.Monkey
                 ]
             }
         )
-    assert info.value.problems == [
-        "model_list[0].litellm_params.api_key: environment variable NOPE_NOT_SET is not set"
-    ]
+    assert info.value.problems == ["model_list[0].litellm_params.api_key: environment variable NOPE_NOT_SET is not set"]
 
 
 MINIMAL = {"model_list": [{"model_name": "m", "litellm_params": {"model": "openai/m"}}]}

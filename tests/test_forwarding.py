@@ -72,9 +72,7 @@ def test_streaming_with_usage(proxy: RunningProxy, fake_upstream: FakeUpstream) 
     assert fake_upstream.last.body["stream_options"] == {"include_usage": True}
 
 
-def test_streaming_without_usage_sends_no_usage_chunk(
-    proxy: RunningProxy, fake_upstream: FakeUpstream
-) -> None:
+def test_streaming_without_usage_sends_no_usage_chunk(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.enqueue(Reply(content="a b"))
     chunks = list(
         client(proxy).chat.completions.create(
@@ -98,9 +96,7 @@ def test_raw_sse_ends_with_done(proxy: RunningProxy, fake_upstream: FakeUpstream
     assert lines[-1] == "data: [DONE]"
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert all(line.startswith("data: ") for line in lines)
-    assert all(
-        p["object"] == "chat.completion.chunk" and "provider_specific_fields" not in p for p in payloads
-    )
+    assert all(p["object"] == "chat.completion.chunk" and "provider_specific_fields" not in p for p in payloads)
 
 
 def test_tool_calls_non_streaming(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
@@ -133,9 +129,7 @@ def test_tool_calls_streaming(proxy: RunningProxy, fake_upstream: FakeUpstream) 
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [d.id for d in deltas if d.id] == ["call_abc"]
     assert "".join(d.function.arguments or "" for d in deltas if d.function) == '{"city":"Oslo"}'
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
-        "tool_calls"
-    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
 def test_models_list(proxy: RunningProxy) -> None:

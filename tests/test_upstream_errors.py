@@ -41,9 +41,7 @@ def _post(proxy: RunningProxy, model: str, stream: bool) -> httpx.Response:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_upstream_error_table(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, case: Case, stream: bool
-) -> None:
+def test_upstream_error_table(proxy: RunningProxy, fake_upstream: FakeUpstream, case: Case, stream: bool) -> None:
     if case.reply is not None:
         fake_upstream.enqueue(case.reply)
     response = _post(proxy, "test-model" if case.reply else "unreachable", stream)

@@ -74,9 +74,7 @@ MALFORMED: list[tuple[str, Any, int, str | None]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("payload", "status", "param"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED]
-)
+@pytest.mark.parametrize(("payload", "status", "param"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
 def test_malformed_request(
     proxy: RunningProxy, fake_upstream: FakeUpstream, payload: Any, status: int, param: str | None
 ) -> None:

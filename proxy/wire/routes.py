@@ -37,9 +37,7 @@ async def chat_completions(request: Request) -> Response:
     state = _state(request)
     try:
         state.auth.tenant_for(request)
-        body = validate_chat_request(
-            await read_json_body(request, state.config.general_settings.max_body_bytes)
-        )
+        body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
         target = state.router.resolve(body["model"])
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real

@@ -1,0 +1,1 @@
+"""The context engine: identity, interception, compaction, assembly. Imports neither Starlette nor LiteLLM."""

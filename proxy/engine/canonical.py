@@ -1,0 +1,65 @@
+"""Canonical message form and the hash chain that identifies a transcript.
+
+Clients re-send the whole transcript on every request, but not byte for byte: key order changes, and empty
+optional fields (``refusal: null``, ``tool_calls: []``, ``name: null``, ``content: ""`` beside tool calls)
+come and go between SDK versions and frameworks. Identity therefore hashes a canonical form that drops
+empty values and sorts keys; the stored message keeps the client's original JSON.
+
+Each message's *chain hash* covers the tenant and every message before it, so one indexed lookup answers
+"does any conversation of this tenant start with exactly these k messages?" and the set of stored chain
+hashes is prefix-closed, which makes the longest-prefix search a binary search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from proxy.types import Message, Messages
+
+INSTRUCTION_ROLES = ("system", "developer")
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
+def canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items() if not _is_empty(v)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def canonical_bytes(message: Message) -> bytes:
+    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+
+
+def same_message(a: Message, b: Message) -> bool:
+    return bool(canonical(a) == canonical(b))
+
+
+def chain_root(tenant: str) -> str:
+    return hashlib.sha256(b"lcm-chain\x00" + tenant.encode()).hexdigest()[:32]
+
+
+def chain_hashes(tenant: str, messages: Messages) -> list[str]:
+    """``result[i]`` identifies ``messages[: i + 1]`` within ``tenant``."""
+    previous = chain_root(tenant)
+    out: list[str] = []
+    for message in messages:
+        digest = hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
+        out.append(digest)
+        previous = digest
+    return out
+
+
+def split_instructions(messages: Messages) -> tuple[Messages, Messages]:
+    """Leading system/developer messages are instructions: forwarded verbatim, outside identity."""
+    i = 0
+    while i < len(messages) and messages[i].get("role") in INSTRUCTION_ROLES:
+        i += 1
+    return messages[:i], messages[i:]

@@ -1,0 +1,262 @@
+"""Interception at ingest: oversized content moves out of line, losslessly.
+
+Three kinds of payload leave the message and go to content-addressed files:
+
+* ``<file name=… mime=…>…</file>`` blocks (and whole pasted texts) of at least ``large_file_token_threshold``
+  tokens, in string content or text parts: replaced in what is forwarded by an ``[LCM File: …]`` stub with
+  an exploration summary, even in the fresh tail (one such paste would otherwise eat the whole budget);
+* tool results of at least ``tool_result_token_threshold`` tokens: stored now, forwarded raw until compaction
+  is due (then swapped for their stub, which is prepared here), or stubbed at once when they are as large as
+  a huge file;
+* base64 payloads (``image_url`` data URLs, ``file.file_data``, ``input_audio.data``): stored once by
+  content so that the database keeps a reference, not megabytes of base64; forwarded intact.
+
+The stored original keeps, at each *recorded path*, a ``{"$lcm_segments": [...]}`` object whose text pieces
+and file references join back into the exact original string. Only recorded paths are restored, so a client
+that happens to send such an object elsewhere cannot confuse export.
+
+What is forwarded is described as *patches* (path → replacement string) applied to the client's own
+message object, which every request carries anyway: the database never needs a second copy of the payload.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import hashlib
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine import tokens
+from proxy.types import Message
+
+Path = list[str | int]
+SEGMENTS_KEY = "$lcm_segments"
+MIN_BASE64_CHARS = 1024
+
+FILE_BLOCK = re.compile(r"(<file\b([^>]*)>)(.*?)(</file>)", re.S)
+ATTRIBUTE = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[\w-]+=[^;,]*)*);base64,", re.I)
+MIME_EXTENSIONS = {
+    "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+    "application/pdf": "pdf", "audio/wav": "wav", "audio/mpeg": "mp3",
+}  # fmt: skip
+
+
+@dataclass
+class Payload:
+    file_id: str
+    data: bytes
+    name: str
+    mime: str
+    kind: str  # file_block | pasted_text | tool_output | base64
+    text: str | None  # the payload as text, for exploration; None for binary
+
+
+@dataclass
+class Interception:
+    original: Message  # the client's message with segment objects at ``paths``
+    paths: list[Path]
+    forward_patches: list[tuple[Path, str]]  # applied to what is forwarded from now on
+    compact_patches: list[tuple[Path, str]]  # applied too once compaction is due
+    payloads: list[Payload] = field(default_factory=list)
+    segments: list[list[Any]] = field(default_factory=list)  # beside ``paths``, same order
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.paths)
+
+
+Explorer = Callable[[Payload], Awaitable[str]]
+
+
+def file_id_for(tenant: str, data: bytes) -> str:
+    content = hashlib.sha256(data).hexdigest()
+    return "file_" + hashlib.sha256(f"{tenant}\x00{content}".encode()).hexdigest()[:16]
+
+
+def apply_patches(message: Message, patches: list[tuple[Path, str]]) -> Message:
+    if not patches:
+        return message
+    out = copy.deepcopy(message)
+    for path, value in patches:
+        _set(out, path, value)
+    return out
+
+
+def _get(obj: Any, path: Path) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj
+
+
+def _set(obj: Any, path: Path, value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value
+
+
+def restore(original: Message, paths: list[Path], read_file: Callable[[str], bytes]) -> Message:
+    """Rebuild the client's exact message from a stored original and its payload files."""
+    out = copy.deepcopy(original)
+    for path in paths:
+        pieces: list[str] = []
+        for segment in _get(out, path)[SEGMENTS_KEY]:
+            if isinstance(segment, str):
+                pieces.append(segment)
+            else:
+                data = read_file(segment["ref"])
+                pieces.append(base64.b64encode(data).decode() if segment.get("encoding") == "base64" else data.decode())
+        _set(out, path, "".join(pieces))
+    return out
+
+
+def stub_text(payload: Payload, exploration: str, tool_name: str | None = None) -> str:
+    size = len(payload.data)
+    if payload.kind == "tool_output":
+        head = f"[LCM Tool Output: {payload.file_id} | tool={tool_name or 'unknown'} | {size} bytes]"
+        what = "output"
+    else:
+        head = f"[LCM File: {payload.file_id} | {payload.name} | {payload.mime} | {size} bytes]"
+        what = "content"
+    return (
+        f"{head}\nExploration Summary:\n{exploration.strip()}\n"
+        f'(Stored out of line by lcm-proxy. Call lcm_describe with id "{payload.file_id}" to read the full {what}.)'
+    )
+
+
+def _attributes(tag: str) -> dict[str, str]:
+    return {m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3) for m in ATTRIBUTE.finditer(tag)}
+
+
+class Interceptor:
+    def __init__(self, tenant: str, large_threshold: int, tool_threshold: int, explore: Explorer) -> None:
+        self.tenant = tenant
+        self.large = large_threshold
+        self.tool = tool_threshold
+        self.explore = explore
+
+    def _payload(self, data: bytes, name: str, mime: str, kind: str, text: str | None) -> Payload:
+        return Payload(file_id_for(self.tenant, data), data, name, mime, kind, text)
+
+    async def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
+        result = Interception(original=message, paths=[], forward_patches=[], compact_patches=[])
+        role = message.get("role")
+        content = message.get("content")
+        if role == "tool":
+            await self._tool_result(message, tool_names.get(str(message.get("tool_call_id"))), result)
+        elif isinstance(content, str):
+            await self._text(content, ["content"], result)
+        elif isinstance(content, list):
+            for i, part in enumerate(content):
+                if not isinstance(part, dict):
+                    continue
+                kind = part.get("type")
+                if kind == "text" and isinstance(part.get("text"), str):
+                    await self._text(part["text"], ["content", i, "text"], result)
+                elif kind == "image_url" and isinstance(part.get("image_url"), dict):
+                    self._base64(part["image_url"].get("url"), ["content", i, "image_url", "url"], "image", result)
+                elif kind == "file" and isinstance(part.get("file"), dict):
+                    name = str(part["file"].get("filename") or "file")
+                    self._base64(part["file"].get("file_data"), ["content", i, "file", "file_data"], name, result)
+                elif kind == "input_audio" and isinstance(part.get("input_audio"), dict):
+                    fmt = str(part["input_audio"].get("format") or "wav")
+                    path: Path = ["content", i, "input_audio", "data"]
+                    self._base64(part["input_audio"].get("data"), path, f"audio.{fmt}", result, f"audio/{fmt}")
+        if result.paths:
+            original = copy.deepcopy(message)
+            for path, segments in zip(result.paths, result.segments, strict=True):
+                _set(original, path, {SEGMENTS_KEY: segments})
+            result.original = original
+        return result
+
+    @staticmethod
+    def _record(result: Interception, path: Path, segments: list[Any], payloads: list[Payload]) -> None:
+        result.paths.append(path)
+        result.segments.append([s for s in segments if s != ""])
+        for payload in payloads:
+            if all(p.file_id != payload.file_id for p in result.payloads):
+                result.payloads.append(payload)
+
+    async def _text(self, text: str, path: Path, result: Interception) -> None:
+        if not tokens.at_least(text, self.large):
+            return
+        # The stored original keeps the <file> tags literally and refers to the inner text; what is
+        # forwarded replaces the whole block, tags included, by the stub.
+        segments: list[Any] = []
+        forward: list[str] = []
+        stored_at = forwarded_at = 0
+        payloads: list[Payload] = []
+        for match in FILE_BLOCK.finditer(text):
+            inner = match.group(3)
+            if not tokens.at_least(inner, self.large):
+                continue
+            attrs = _attributes(match.group(2))
+            payload = self._payload(
+                inner.encode(), attrs.get("name") or "file", attrs.get("mime") or "text/plain", "file_block", inner
+            )
+            payloads.append(payload)
+            segments += [text[stored_at : match.start(3)], {"ref": payload.file_id}]
+            forward += [text[forwarded_at : match.start(1)], stub_text(payload, await self.explore(payload))]
+            stored_at, forwarded_at = match.end(3), match.end(4)
+        if payloads:
+            segments.append(text[stored_at:])
+            forward.append(text[forwarded_at:])
+        else:
+            # No block is big enough on its own, yet the whole text is huge: a paste without <file> tags.
+            payload = self._payload(text.encode(), "pasted-text.txt", "text/plain", "pasted_text", text)
+            payloads.append(payload)
+            segments = [{"ref": payload.file_id}]
+            forward = [stub_text(payload, await self.explore(payload))]
+        self._record(result, path, segments, payloads)
+        result.forward_patches.append((path, "".join(forward)))
+
+    async def _tool_result(self, message: Message, tool_name: str | None, result: Interception) -> None:
+        content = message.get("content")
+        path: Path
+        if isinstance(content, str):
+            text, path = content, ["content"]
+        elif (
+            isinstance(content, list)
+            and len(content) == 1
+            and isinstance(content[0], dict)
+            and isinstance(content[0].get("text"), str)
+        ):
+            text, path = content[0]["text"], ["content", 0, "text"]
+        else:
+            return  # multi-part tool results are rare; they stay inline
+        if not tokens.at_least(text, self.tool):
+            return
+        payload = self._payload(text.encode(), f"{tool_name or 'tool'}-output.txt", "text/plain", "tool_output", text)
+        self._record(result, path, [{"ref": payload.file_id}], [payload])
+        stub = stub_text(payload, await self.explore(payload), tool_name)
+        # The stub replaces the whole content: a list of parts becomes one string.
+        patch: tuple[Path, str] = (["content"], stub)
+        if tokens.at_least(text, self.large):
+            result.forward_patches.append(patch)
+        else:
+            result.compact_patches.append(patch)
+
+    def _base64(self, value: Any, path: Path, name: str, result: Interception, mime: str | None = None) -> None:
+        if not isinstance(value, str) or len(value) < MIN_BASE64_CHARS:
+            return
+        match = DATA_URL.match(value)
+        prefix = match.group(0) if match else ""
+        if match and match.group(1):
+            mime = match.group(1).lower()
+        encoded = value[len(prefix) :]
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            return  # not base64 after all: leave it inline
+        if base64.b64encode(data).decode() != encoded:
+            return  # non-canonical encoding (line breaks, ...): keep it inline so export stays exact
+        mime = mime or "application/octet-stream"
+        extension = MIME_EXTENSIONS.get(mime, "bin")
+        if "." not in name:
+            name = f"{name}.{extension}"
+        payload = self._payload(data, name, mime, "base64", None)
+        self._record(result, path, [prefix, {"ref": payload.file_id, "encoding": "base64"}], [payload])

@@ -1,0 +1,1 @@
+"""Persistence: the conversation database (SQLite via aiosqlite) and content-addressed payload files."""

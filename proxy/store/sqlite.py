@@ -1,0 +1,260 @@
+"""The SQLite store (aiosqlite): WAL, one serialised writer, a separate reader connection.
+
+Why two connections: tasks that share one aiosqlite connection share its transaction, so a reader could
+see (or a rollback could discard) another task's half-written unit. All writes go through ``write()``,
+which holds an ``asyncio.Lock`` for this process and ``BEGIN IMMEDIATE`` for every other process on the
+same file (several uvicorn workers): a deferred transaction that reads and then writes fails at once with
+"database is locked" when another process committed in between, ignoring busy_timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from proxy.store.migrations import apply_migrations
+from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage
+
+DB_NAME = "lcm.sqlite3"
+_CONV_COLUMNS = (
+    "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
+    "created_at, updated_at"
+)
+_MSG_COLUMNS = (
+    "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
+    "token_count, chain_hash, created_at"
+)
+_FILE_COLUMNS = "id, tenant, conversation_id, name, mime, kind, bytes, sha256, path, exploration, created_at"
+
+
+async def _connect(path: Path) -> aiosqlite.Connection:
+    conn = await aiosqlite.connect(path, isolation_level=None)  # we issue BEGIN/COMMIT ourselves
+    for pragma in (
+        "PRAGMA journal_mode=WAL",
+        "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable across process crashes, no fsync per commit
+        "PRAGMA foreign_keys=ON",
+        "PRAGMA busy_timeout=10000",
+    ):
+        await conn.execute(pragma)
+    return conn
+
+
+class Queries:
+    """Reads, usable on the reader connection or inside a write transaction."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    async def _one(self, sql: str, args: Sequence[Any]) -> Any:
+        async with self.conn.execute(sql, args) as cursor:
+            return await cursor.fetchone()
+
+    async def _all(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        async with self.conn.execute(sql, args) as cursor:
+            return list(await cursor.fetchall())
+
+    async def conversation(self, tenant: str, conversation_id: str) -> ConversationRecord | None:
+        row = await self._one(
+            f"SELECT {_CONV_COLUMNS} FROM conversations WHERE tenant = ? AND id = ?", (tenant, conversation_id)
+        )
+        return ConversationRecord(*row) if row else None
+
+    async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None:
+        row = await self._one(
+            f"SELECT {_CONV_COLUMNS} FROM conversations WHERE tenant = ? AND (external_key = ? OR id = ?)"
+            " ORDER BY external_key = ? DESC LIMIT 1",
+            (tenant, key, key, key),
+        )
+        return ConversationRecord(*row) if row else None
+
+    async def conversations(self, tenant: str | None = None, limit: int = 1000) -> list[ConversationRecord]:
+        where, args = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
+        rows = await self._all(
+            f"SELECT {_CONV_COLUMNS} FROM conversations {where} ORDER BY updated_at DESC LIMIT ?", (*args, limit)
+        )
+        return [ConversationRecord(*r) for r in rows]
+
+    async def chain_exists(self, chain_hash: str) -> bool:
+        return await self._one("SELECT 1 FROM messages WHERE chain_hash = ? LIMIT 1", (chain_hash,)) is not None
+
+    async def chain_in_conversation(self, conversation_id: str, seq: int, chain_hash: str) -> bool:
+        row = await self._one(
+            "SELECT 1 FROM messages WHERE conversation_id = ? AND seq = ? AND chain_hash = ?",
+            (conversation_id, seq, chain_hash),
+        )
+        return row is not None
+
+    async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
+        rows = await self._all(
+            f"SELECT {', '.join('c.' + c.strip() for c in _CONV_COLUMNS.split(','))} FROM messages m"
+            " JOIN conversations c ON c.id = m.conversation_id WHERE m.chain_hash = ? AND c.tenant = ?",
+            (chain_hash, tenant),
+        )
+        return [ConversationRecord(*r) for r in rows]
+
+    async def messages(self, conversation_id: str, start: int = 0, end: int | None = None) -> list[MessageRecord]:
+        rows = await self._all(
+            f"SELECT {_MSG_COLUMNS} FROM messages WHERE conversation_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+            (conversation_id, start, end if end is not None else 2**62),
+        )
+        return [MessageRecord(*r) for r in rows]
+
+    async def forward_overrides(self, conversation_id: str, end: int) -> dict[int, str]:
+        rows = await self._all(
+            "SELECT seq, forward_json FROM messages WHERE conversation_id = ? AND seq < ? AND forward_json IS NOT NULL",
+            (conversation_id, end),
+        )
+        return {seq: text for seq, text in rows}
+
+    async def file(self, tenant: str, file_id: str) -> FileRecord | None:
+        row = await self._one(f"SELECT {_FILE_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id))
+        return FileRecord(*row) if row else None
+
+    async def files_of_message(self, message_id: int) -> list[FileRecord]:
+        rows = await self._all(
+            f"SELECT {', '.join('f.' + c.strip() for c in _FILE_COLUMNS.split(','))} FROM message_files mf"
+            " JOIN files f ON f.id = mf.file_id WHERE mf.message_id = ?",
+            (message_id,),
+        )
+        return [FileRecord(*r) for r in rows]
+
+
+class WriteTransaction(Queries):
+    async def create_conversation(
+        self,
+        conversation_id: str,
+        tenant: str,
+        *,
+        external_key: str | None = None,
+        parent_id: str | None = None,
+        fork_seq: int | None = None,
+        instructions_json: str | None = None,
+    ) -> None:
+        now = time.time()
+        await self.conn.execute(
+            "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now),
+        )
+
+    async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:
+        await self.conn.execute(
+            "UPDATE conversations SET external_key = NULL WHERE tenant = ? AND external_key = ?", (tenant, key)
+        )
+        await self.conn.execute("UPDATE conversations SET external_key = ? WHERE id = ?", (key, to_conversation))
+
+    async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:
+        """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
+        await self.conn.execute(
+            "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
+            " compact_json, text, token_count, chain_hash, created_at)"
+            " SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
+            " chain_hash, created_at FROM messages WHERE conversation_id = ? AND seq < ? ORDER BY seq",
+            (target_id, source_id, count),
+        )
+        await self.conn.execute(
+            "INSERT OR IGNORE INTO message_files (message_id, file_id)"
+            " SELECT t.id, mf.file_id FROM messages s JOIN message_files mf ON mf.message_id = s.id"
+            " JOIN messages t ON t.conversation_id = ? AND t.seq = s.seq WHERE s.conversation_id = ? AND s.seq < ?",
+            (target_id, source_id, count),
+        )
+        await self._refresh_counts(target_id)
+
+    async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None:
+        now = time.time()
+        for offset, m in enumerate(messages):
+            cursor = await self.conn.execute(
+                "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
+                " compact_json, text, token_count, chain_hash, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
+                    m.compact_json, m.text, m.token_count, m.chain_hash, now,
+                ),
+            )  # fmt: skip
+            for file_id in m.file_ids:
+                await self.conn.execute(
+                    "INSERT OR IGNORE INTO message_files (message_id, file_id) VALUES (?, ?)",
+                    (cursor.lastrowid, file_id),
+                )
+        await self._refresh_counts(conversation_id)
+
+    async def _refresh_counts(self, conversation_id: str) -> None:
+        await self.conn.execute(
+            "UPDATE conversations SET message_count = (SELECT count(*) FROM messages WHERE conversation_id = ?),"
+            " token_count = (SELECT coalesce(sum(token_count), 0) FROM messages WHERE conversation_id = ?),"
+            " updated_at = ? WHERE id = ?",
+            (conversation_id, conversation_id, time.time(), conversation_id),
+        )
+
+    async def set_instructions(self, conversation_id: str, instructions_json: str | None) -> None:
+        await self.conn.execute(
+            "UPDATE conversations SET instructions_json = ?, updated_at = ? WHERE id = ?",
+            (instructions_json, time.time(), conversation_id),
+        )
+
+    async def touch(self, conversation_id: str) -> None:
+        await self.conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+
+    async def put_file(self, record: FileRecord) -> None:
+        await self.conn.execute(
+            f"INSERT OR IGNORE INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id, record.tenant, record.conversation_id, record.name, record.mime, record.kind,
+                record.bytes, record.sha256, record.path, record.exploration, record.created_at,
+            ),
+        )  # fmt: skip
+
+
+class SQLiteStore:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.path = data_dir / DB_NAME
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Create the file 0600 before SQLite does (it would honour the umask, often 0644).
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.chmod(self.path, 0o600)
+        self._writer = await _connect(self.path)
+        await apply_migrations(self._writer)
+        self._reader = await _connect(self.path)
+        for suffix in ("-wal", "-shm"):
+            sidecar = Path(str(self.path) + suffix)
+            if sidecar.exists():
+                os.chmod(sidecar, 0o600)
+
+    async def close(self) -> None:
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await conn.close()
+        self._reader = self._writer = None
+
+    @property
+    def read(self) -> Queries:
+        assert self._reader is not None, "store is not open"
+        return Queries(self._reader)
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[WriteTransaction]:
+        assert self._writer is not None, "store is not open"
+        async with self._lock:
+            if self._writer.in_transaction:  # a unit abandoned by cancellation; never build on it
+                await self._writer.rollback()
+            await self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield WriteTransaction(self._writer)
+            except BaseException:
+                await self._writer.rollback()
+                raise
+            await self._writer.commit()
