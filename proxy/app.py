@@ -17,8 +17,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
+from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
-from proxy.routing import ModelRouter
+from proxy.routing import ModelRouter, ResolvedModel
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
+from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
 from proxy.wire import routes
 from proxy.wire.auth import Authenticator
@@ -36,6 +40,14 @@ class AppState:
     auth: Authenticator
     started_at: int = field(default_factory=lambda: int(time.time()))
     upstream: Upstream = field(init=False)
+    store: SQLiteStore = field(init=False)
+    files: FileStore = field(init=False)
+    ingestor: Ingestor = field(init=False)
+
+    def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
+        settings = self.config.lcm_settings
+        target = self.router.resolve(settings.summary_model) if settings.summary_model else request_target
+        return UpstreamSummarizer(self.upstream, target, settings.summary_timeout)
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -70,6 +82,13 @@ def create_app(config: ProxyConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         data_dir = ensure_private_dir(config.general_settings.resolved_data_dir())
         state.upstream = Upstream(config.general_settings)
+        state.store = SQLiteStore(data_dir)
+        await state.store.open()
+        state.files = FileStore(data_dir)
+        lcm = config.lcm_settings
+        state.ingestor = Ingestor(
+            state.store, state.files, Thresholds(lcm.large_file_token_threshold, lcm.tool_result_token_threshold)
+        )
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
         log.info("data directory: %s", data_dir)
@@ -77,7 +96,10 @@ def create_app(config: ProxyConfig) -> Starlette:
             "authentication: %s",
             f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
         )
-        yield
+        try:
+            yield
+        finally:
+            await state.store.close()
 
     app = Starlette(
         routes=[

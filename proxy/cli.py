@@ -97,6 +97,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 1
+    from proxy.operator import run_operator
+
+    return run_operator(
+        config,
+        args.command,
+        tenant=args.tenant,
+        limit=getattr(args, "limit", 100),
+        conversation_id=getattr(args, "conversation_id", None),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lcm-proxy",
@@ -125,6 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config_path", nargs="?", metavar="PATH", help="config file (or use --config)")
     add_config(check)
     check.set_defaults(func=cmd_check_config)
+
+    listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
+    add_config(listing)
+    listing.add_argument("--tenant", help="only this tenant's conversations")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many, newest first (default: 100)")
+    listing.set_defaults(func=cmd_operator)
+    for name, text in (
+        ("show", "show one conversation and its messages"),
+        ("export", "print a conversation's original transcript as JSON (stored files restored)"),
+    ):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...)")
+        add_config(p)
+        p.add_argument("--tenant", help="refuse a conversation of another tenant")
+        p.set_defaults(func=cmd_operator)
     return parser
 
 

@@ -49,6 +49,7 @@ migration(
         compact_json TEXT,                        -- cheaper stubbed form used once compaction is due
         text TEXT NOT NULL,                       -- searchable text
         token_count INTEGER NOT NULL,             -- tokens of the forwarded form
+        sent_token_count INTEGER NOT NULL,        -- tokens of the message as the client sent it
         chain_hash TEXT NOT NULL,
         created_at REAL NOT NULL,
         UNIQUE (conversation_id, seq)

@@ -31,6 +31,7 @@ class MessageRecord:
     compact_json: str | None
     text: str
     token_count: int
+    sent_token_count: int
     chain_hash: str
     created_at: float
 
@@ -44,6 +45,7 @@ class NewMessage:
     compact_json: str | None
     text: str
     token_count: int
+    sent_token_count: int
     chain_hash: str
     file_ids: tuple[str, ...] = field(default_factory=tuple)
 

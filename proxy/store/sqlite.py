@@ -29,7 +29,7 @@ _CONV_COLUMNS = (
 )
 _MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
-    "token_count, chain_hash, created_at"
+    "token_count, sent_token_count, chain_hash, created_at"
 )
 _FILE_COLUMNS = "id, tenant, conversation_id, name, mime, kind, bytes, sha256, path, exploration, created_at"
 
@@ -60,9 +60,11 @@ class Queries:
         async with self.conn.execute(sql, args) as cursor:
             return list(await cursor.fetchall())
 
-    async def conversation(self, tenant: str, conversation_id: str) -> ConversationRecord | None:
+    async def conversation(self, tenant: str | None, conversation_id: str) -> ConversationRecord | None:
+        """``tenant=None`` is for the operator's CLI only, which sees every tenant."""
         row = await self._one(
-            f"SELECT {_CONV_COLUMNS} FROM conversations WHERE tenant = ? AND id = ?", (tenant, conversation_id)
+            f"SELECT {_CONV_COLUMNS} FROM conversations WHERE id = ? AND (? IS NULL OR tenant = ?)",
+            (conversation_id, tenant, tenant),
         )
         return ConversationRecord(*row) if row else None
 
@@ -113,6 +115,15 @@ class Queries:
         )
         return {seq: text for seq, text in rows}
 
+    async def token_sums(self, conversation_id: str, end: int) -> tuple[int, int]:
+        """(forwarded, sent) tokens of messages [0, end)."""
+        row = await self._one(
+            "SELECT coalesce(sum(token_count), 0), coalesce(sum(sent_token_count), 0) FROM messages"
+            " WHERE conversation_id = ? AND seq < ?",
+            (conversation_id, end),
+        )
+        return int(row[0]), int(row[1])
+
     async def file(self, tenant: str, file_id: str) -> FileRecord | None:
         row = await self._one(f"SELECT {_FILE_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id))
         return FileRecord(*row) if row else None
@@ -154,9 +165,10 @@ class WriteTransaction(Queries):
         """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
         await self.conn.execute(
             "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-            " compact_json, text, token_count, chain_hash, created_at)"
+            " compact_json, text, token_count, sent_token_count, chain_hash, created_at)"
             " SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
-            " chain_hash, created_at FROM messages WHERE conversation_id = ? AND seq < ? ORDER BY seq",
+            " sent_token_count, chain_hash, created_at FROM messages"
+            " WHERE conversation_id = ? AND seq < ? ORDER BY seq",
             (target_id, source_id, count),
         )
         await self.conn.execute(
@@ -172,10 +184,11 @@ class WriteTransaction(Queries):
         for offset, m in enumerate(messages):
             cursor = await self.conn.execute(
                 "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-                " compact_json, text, token_count, chain_hash, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " compact_json, text, token_count, sent_token_count, chain_hash, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
-                    m.compact_json, m.text, m.token_count, m.chain_hash, now,
+                    m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
                 ),
             )  # fmt: skip
             for file_id in m.file_ids:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
-from proxy.errors import InternalError, ProxyError
+from proxy.errors import InternalError, InvalidRequestError, ProxyError
 from proxy.upstream import UpstreamStream
 from proxy.wire.http import JSONResponse, error_response, read_json_body
 from proxy.wire.sse import DONE, sse_event
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lcm_proxy.wire")
 
+CONVERSATION_HEADER = "x-lcm-conversation-id"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -33,18 +34,44 @@ def _state(request: Request) -> AppState:
     return request.app.state.lcm  # type: ignore[no-any-return]
 
 
+def _conversation_key(request: Request) -> str | None:
+    key = request.headers.get(CONVERSATION_HEADER)
+    if key is None:
+        return None
+    key = key.strip()
+    if not key or len(key) > 200 or not key.isprintable():
+        raise InvalidRequestError(
+            f"Invalid {CONVERSATION_HEADER} header: expected 1-200 printable characters.",
+            param=CONVERSATION_HEADER,
+            code="invalid_value",
+        )
+    return key
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     try:
-        state.auth.tenant_for(request)
+        tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
         target = state.router.resolve(body["model"])
+        key = _conversation_key(request)
+        headers: dict[str, str] = {}
+        if state.config.lcm_settings.enabled:
+            ingested = await state.ingestor.ingest(
+                tenant, body["messages"], conversation_key=key, summarizer=state.summarizer_for(target)
+            )
+            if ingested.messages is not body["messages"]:
+                body = {**body, "messages": ingested.messages}
+            if ingested.conversation_id is not None:
+                headers[CONVERSATION_HEADER] = ingested.conversation_id
+            headers["x-lcm-tokens-sent"] = str(ingested.tokens_sent)
+            headers["x-lcm-tokens-forwarded"] = str(ingested.tokens_forwarded)
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
-            return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse(await state.upstream.complete(target, body))
+            return StreamingResponse(_relay(stream), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        return JSONResponse(await state.upstream.complete(target, body), headers=headers)
     except ProxyError as error:
         return error_response(error)
 

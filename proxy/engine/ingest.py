@@ -1,0 +1,336 @@
+"""Ingest: reconcile a request's transcript with the store, append only what is new.
+
+Rules (DESIGN.md, "Request lifecycle" step 5), with T the request's transcript (instructions removed), S
+the stored conversation it belongs to and p the length of their common prefix:
+
+* p == len(S) < len(T): continuation — append T[p:].
+* p == len(T) == len(S): identical re-send (retry) — write nothing.
+* p == len(T) < len(S): the client re-sent an earlier point (regenerate) — write nothing; this request
+  is served from T alone.
+* otherwise T diverges from S (an edited turn): fork a new conversation that starts with S's first p
+  messages; S stays exactly as it was.
+
+S is the conversation named by ``X-LCM-Conversation-Id`` when the client sends one, otherwise the
+tenant's conversation with the longest stored prefix of T (ties: the one whose end T reaches, then the
+most recently active). The decision is taken again inside the write transaction, so concurrent requests
+for one conversation (from any process) neither duplicate nor lose a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+
+from proxy.engine import tokens
+from proxy.engine.canonical import chain_hashes, split_instructions
+from proxy.engine.explore import TextSummarizer, exploration_summary
+from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
+from proxy.store.files import FileStore
+from proxy.store.records import ConversationRecord, FileRecord, NewMessage
+from proxy.store.sqlite import Queries, SQLiteStore
+from proxy.types import Message, Messages
+
+Action = Literal["none", "new", "append", "same", "earlier", "fork"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    large_file_tokens: int
+    tool_result_tokens: int
+    exploration_tokens: int = 400
+
+
+@dataclass(frozen=True)
+class Located:
+    conversation: ConversationRecord | None
+    common: int  # messages shared by the request and that conversation
+
+    def action(self, request_count: int) -> Action:
+        if self.conversation is None:
+            return "new"
+        stored = self.conversation.message_count
+        if self.common == stored:
+            return "append" if request_count > stored else "same"
+        if self.common == request_count:
+            return "earlier"
+        return "fork"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    conversation_id: str | None
+    action: Action
+    appended: int
+    forked_from: str | None
+    messages: Messages  # what to forward: instructions + transcript with stubs applied
+    tokens_sent: int  # of the transcript as the client sent it (instructions included)
+    tokens_forwarded: int
+
+
+def new_conversation_id() -> str:
+    return "conv_" + secrets.token_hex(8)
+
+
+async def _binary_search(count: int, present: Callable[[int], Awaitable[bool]]) -> int:
+    """Largest k such that present(i) holds for every i < k; ``present`` must be prefix-closed."""
+    low, high = 0, count
+    while low < high:
+        middle = (low + high + 1) // 2
+        if await present(middle - 1):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+async def locate(q: Queries, tenant: str, chains: list[str], key: str | None) -> Located:
+    if key is not None:
+        conversation = await q.conversation_by_key(tenant, key)
+        if conversation is None:
+            return Located(None, 0)
+        limit = min(len(chains), conversation.message_count)
+        common = await _binary_search(limit, lambda i: q.chain_in_conversation(conversation.id, i, chains[i]))
+        return Located(conversation, common)
+    common = await _binary_search(len(chains), lambda i: q.chain_exists(chains[i]))
+    if common == 0:
+        return Located(None, 0)
+    candidates = await q.conversations_with_chain(tenant, chains[common - 1])
+    if not candidates:  # the hash belongs to another tenant's chain: cannot happen, chains are tenant-seeded
+        return Located(None, 0)
+    best = max(candidates, key=lambda c: (c.message_count == common, c.updated_at))
+    return Located(best, common)
+
+
+class Ingestor:
+    def __init__(self, store: SQLiteStore, files: FileStore, thresholds: Thresholds) -> None:
+        self.store = store
+        self.files = files
+        self.thresholds = thresholds
+
+    async def ingest(
+        self,
+        tenant: str,
+        messages: Messages,
+        *,
+        conversation_key: str | None = None,
+        summarizer: TextSummarizer | None = None,
+    ) -> IngestResult:
+        instructions, transcript = split_instructions(messages)
+        if not transcript:
+            count = tokens.count_messages(messages)
+            return IngestResult(None, "none", 0, None, messages, count, count)
+        chains = chain_hashes(tenant, transcript)
+        tool_names = {
+            str(call.get("id")): str((call.get("function") or {}).get("name", ""))
+            for m in transcript
+            for call in (m.get("tool_calls") or [])
+            if isinstance(call, dict)
+        }
+        explorations: dict[str, str] = {}
+        explorer = self._explorer(tenant, summarizer, explorations)
+        interceptor = Interceptor(
+            tenant, self.thresholds.large_file_tokens, self.thresholds.tool_result_tokens, explorer
+        )
+
+        # Prepare outside the write lock: interception may write files and call the summarizer.
+        first_guess = await locate(self.store.read, tenant, chains, conversation_key)
+        prepared: dict[int, tuple[Interception, NewMessage]] = {}
+
+        async def prepare(i: int) -> tuple[Interception, NewMessage]:
+            if i not in prepared:
+                prepared[i] = await self._prepare(interceptor, transcript[i], chains[i], tool_names)
+            return prepared[i]
+
+        for i in range(first_guess.common, len(transcript)):
+            await prepare(i)
+
+        instructions_json = orjson.dumps(instructions).decode() if instructions else None
+        # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
+        conversation_id, action, appended, forked_from = await asyncio.shield(
+            self._commit(tenant, transcript, chains, conversation_key, instructions_json, prepare, explorations)
+        )
+        overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
+        forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
+        instruction_tokens = tokens.count_messages(instructions)
+        forwarded = list(instructions)
+        changed = False
+        for seq, message in enumerate(transcript):
+            patches = overrides.get(seq)
+            if patches is None:
+                forwarded.append(message)
+            else:
+                forwarded.append(apply_patches(message, [(p, v) for p, v in orjson.loads(patches)]))
+                changed = True
+        return IngestResult(
+            conversation_id=conversation_id,
+            action=action,
+            appended=appended,
+            forked_from=forked_from,
+            messages=forwarded if changed else messages,  # zero-cost: the very same list when nothing changed
+            tokens_sent=sent_tokens + instruction_tokens,
+            tokens_forwarded=forwarded_tokens + instruction_tokens,
+        )
+
+    async def _commit(
+        self,
+        tenant: str,
+        transcript: Messages,
+        chains: list[str],
+        key: str | None,
+        instructions_json: str | None,
+        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
+        explorations: dict[str, str],
+    ) -> tuple[str, Action, int, str | None]:
+        async with self.store.write() as tx:
+            located = await locate(tx, tenant, chains, key)
+            action = located.action(len(transcript))
+            conversation = located.conversation
+            forked_from = None
+            start = len(transcript)
+            if conversation is None or action == "fork":
+                conversation_id = new_conversation_id()
+                parent = conversation.id if conversation is not None else None
+                await tx.create_conversation(
+                    conversation_id,
+                    tenant,
+                    external_key=key if conversation is None else None,
+                    parent_id=parent,
+                    fork_seq=located.common if parent else None,
+                    instructions_json=instructions_json,
+                )
+                if conversation is not None:
+                    await tx.copy_prefix(conversation.id, conversation_id, located.common)
+                    forked_from = conversation.id
+                    if key is not None:  # the client's key follows its current version of the conversation
+                        await tx.move_external_key(tenant, key, conversation_id)
+                start = located.common
+            else:
+                conversation_id = conversation.id
+                if action == "append":
+                    start = conversation.message_count
+                if conversation.instructions_json != instructions_json:
+                    await tx.set_instructions(conversation_id, instructions_json)
+            new = [await prepare(i) for i in range(start, len(transcript))]
+            for interception, _ in new:
+                for payload in interception.payloads:
+                    exploration = explorations.get(payload.file_id)
+                    await tx.put_file(self._file_record(tenant, conversation_id, payload, exploration))
+            if new:
+                await tx.append_messages(conversation_id, start, [m for _, m in new])
+            elif action in ("same", "earlier"):
+                await tx.touch(conversation_id)
+            return conversation_id, action, len(new), forked_from
+
+    def _file_record(self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None) -> FileRecord:
+        sha = self.files.digest(payload.data)
+        return FileRecord(
+            id=payload.file_id,
+            tenant=tenant,
+            conversation_id=conversation_id,
+            name=payload.name,
+            mime=payload.mime,
+            kind=payload.kind,
+            bytes=len(payload.data),
+            sha256=sha,
+            path=self.files.relative_path(sha),
+            exploration=exploration,
+            created_at=time.time(),
+        )
+
+    def _explorer(
+        self, tenant: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
+    ) -> Callable[[Payload], Awaitable[str]]:
+        async def explore(payload: Payload) -> str:
+            known = await self.store.read.file(tenant, payload.file_id)
+            if known is not None and known.exploration:
+                summary = known.exploration
+            elif payload.text is None:
+                summary = f"Kind: binary ({payload.mime}), {len(payload.data)} bytes."
+            else:
+                summary = await exploration_summary(
+                    payload.name, payload.mime, payload.text, summarizer, max_tokens=self.thresholds.exploration_tokens
+                )
+            explorations[payload.file_id] = summary
+            return summary
+
+        return explore
+
+    async def _prepare(
+        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str]
+    ) -> tuple[Interception, NewMessage]:
+        interception = await interceptor.intercept(message, tool_names)
+        for payload in interception.payloads:
+            if len(payload.data) > 1 << 20:
+                await asyncio.to_thread(self.files.put, payload.data)
+            else:
+                self.files.put(payload.data)
+        forwarded = apply_patches(message, interception.forward_patches)
+        forwarded_tokens = tokens.count_message(forwarded)
+        record = NewMessage(
+            role=str(message.get("role")),
+            original_json=orjson.dumps(interception.original).decode(),
+            payload_paths=orjson.dumps(interception.paths).decode() if interception.paths else None,
+            forward_json=orjson.dumps(interception.forward_patches).decode() if interception.forward_patches else None,
+            compact_json=orjson.dumps(interception.compact_patches).decode() if interception.compact_patches else None,
+            text=searchable_text(forwarded, interception),
+            token_count=forwarded_tokens,
+            sent_token_count=tokens.count_message(message) if forwarded is not message else forwarded_tokens,
+            chain_hash=chain,
+            file_ids=tuple(p.file_id for p in interception.payloads),
+        )
+        return interception, record
+
+
+def searchable_text(message: Message, interception: Interception) -> str:
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {} if isinstance(call, dict) else {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    for payload in interception.payloads:
+        if payload.kind == "base64":
+            parts.append(f"[{payload.mime}: {payload.name} | {payload.file_id}]")
+    return "\n".join(parts)
+
+
+async def export_conversation(
+    store: SQLiteStore, files: FileStore, tenant: str | None, conversation_id: str
+) -> Messages:
+    """The transcript exactly as the client last sent it: instructions + restored messages."""
+    q = store.read
+    conversation = await q.conversation(tenant, conversation_id)
+    if conversation is None:
+        raise KeyError(conversation_id)
+    paths: dict[str, str] = {}
+
+    def read_file(file_id: str) -> bytes:
+        return files.read(paths[file_id])
+
+    out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
+    for record in await q.messages(conversation_id):
+        original = orjson.loads(record.original_json)
+        if record.payload_paths:
+            for f in await q.files_of_message(record.id):
+                paths[f.id] = f.path
+            original = restore(original, orjson.loads(record.payload_paths), read_file)
+        out.append(original)
+    return out
+
+
+__all__ = ["IngestResult", "Ingestor", "Thresholds", "export_conversation", "file_id_for", "locate"]

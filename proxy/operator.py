@@ -1,0 +1,106 @@
+"""Operator commands over the database: ``conversations``, ``show``, ``export``.
+
+They read the same SQLite file as the server (WAL allows that while it runs). The operator sees every
+tenant; ``--tenant`` narrows the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.config import ProxyConfig
+from proxy.engine.ingest import export_conversation
+from proxy.store.files import FileStore
+from proxy.store.sqlite import DB_NAME, SQLiteStore
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class Operator:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.data_dir = config.general_settings.resolved_data_dir()
+        self.store = SQLiteStore(self.data_dir)
+        self.files = FileStore(self.data_dir)
+
+    async def __aenter__(self) -> Operator:
+        if not (self.data_dir / DB_NAME).exists():
+            raise FileNotFoundError(f"no database at {self.data_dir / DB_NAME} (has the proxy run yet?)")
+        await self.store.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.close()
+
+    async def conversations(self, tenant: str | None, limit: int) -> str:
+        records = await self.store.read.conversations(tenant, limit)
+        rows = [
+            [c.id, c.tenant, str(c.message_count), str(c.token_count), _when(c.updated_at), c.parent_id or ""]
+            for c in records
+        ]
+        return _table(rows, ["id", "tenant", "messages", "tokens", "last activity", "forked from"])
+
+    async def show(self, conversation_id: str, tenant: str | None) -> str:
+        c = await self.store.read.conversation(tenant, conversation_id)
+        if c is None:
+            raise LookupError(f"no conversation {conversation_id}")
+        lines = [
+            f"conversation {c.id}",
+            f"  tenant:        {c.tenant}",
+            f"  key:           {c.external_key or '-'}",
+            f"  forked from:   {c.parent_id or '-'}" + (f" at message {c.fork_seq}" if c.parent_id else ""),
+            f"  messages:      {c.message_count} ({c.token_count} tokens as forwarded)",
+            f"  created:       {_when(c.created_at)}",
+            f"  last activity: {_when(c.updated_at)}",
+            "",
+        ]
+        rows = []
+        for m in await self.store.read.messages(c.id):
+            flags = ("stub " if m.forward_json else "") + ("file " if m.payload_paths else "")
+            preview = " ".join(m.text.split())[:70]
+            rows.append([str(m.seq), m.role, str(m.token_count), flags.strip(), preview])
+        lines.append(_table(rows, ["seq", "role", "tokens", "stored", "text"]))
+        return "\n".join(lines)
+
+    async def export(self, conversation_id: str, tenant: str | None) -> list[Any]:
+        if await self.store.read.conversation(tenant, conversation_id) is None:
+            raise LookupError(f"no conversation {conversation_id}")
+        return await export_conversation(self.store, self.files, tenant, conversation_id)
+
+
+def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
+    async def main() -> int:
+        async with Operator(config) as op:
+            if command == "conversations":
+                print(await op.conversations(kwargs.get("tenant"), kwargs.get("limit", 100)))
+            elif command == "show":
+                print(await op.show(kwargs["conversation_id"], kwargs.get("tenant")))
+            elif command == "export":
+                data = await op.export(kwargs["conversation_id"], kwargs.get("tenant"))
+                sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+                sys.stdout.flush()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except (LookupError, FileNotFoundError) as exc:
+        print(f"lcm-proxy: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+
+
+__all__ = ["Operator", "Path", "run_operator"]
