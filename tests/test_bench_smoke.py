@@ -1,0 +1,19 @@
+"""The benchmark command keeps working (its numbers are read by people, not asserted here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_ingest_benchmark_prints_a_table() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "ingest", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["10", "100", "1000", "5000"]
+    assert all(float(cell) > 0 for row in rows for cell in row.strip("|").split("|")[1:5])
