@@ -9,7 +9,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -17,7 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
-from proxy.engine.ingest import Ingestor, Thresholds
+from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.tokens import count_text
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.routing import ModelRouter, ResolvedModel
 from proxy.store.files import FileStore
@@ -42,7 +45,15 @@ class AppState:
     upstream: Upstream = field(init=False)
     store: SQLiteStore = field(init=False)
     files: FileStore = field(init=False)
-    ingestor: Ingestor = field(init=False)
+    engine: ContextEngine = field(init=False)
+
+    def budget_for(self, target: ResolvedModel, body: dict[str, Any]) -> Budget:
+        """Window (model_info, else LiteLLM's map, else the default), output reserve and tool schemas."""
+        lcm = self.config.lcm_settings
+        window = target.max_input_tokens or self.upstream.context_window(target.upstream_model)
+        reserve = body.get("max_completion_tokens") or body.get("max_tokens") or lcm.default_output_reserve
+        tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
+        return Budget(window or lcm.default_context_window, int(reserve), tools)
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
         settings = self.config.lcm_settings
@@ -85,10 +96,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         state.store = SQLiteStore(data_dir)
         await state.store.open()
         state.files = FileStore(data_dir)
-        lcm = config.lcm_settings
-        state.ingestor = Ingestor(
-            state.store, state.files, Thresholds(lcm.large_file_token_threshold, lcm.tool_result_token_threshold)
-        )
+        state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
         log.info("data directory: %s", data_dir)
@@ -99,6 +107,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         try:
             yield
         finally:
+            await state.engine.close()
             await state.store.close()
 
     app = Starlette(

@@ -30,10 +30,25 @@ def clip_middle(text: str, limit: int = MAX_INPUT_CHARS) -> str:
 
 
 class UpstreamSummarizer:
+    """Implements the engine's ``Summarizer`` and ``TextSummarizer`` with one model of the model list."""
+
     def __init__(self, upstream: Upstream, target: ResolvedModel, timeout: float) -> None:
         self.upstream = upstream
         self.target = target
         self.timeout = timeout
+        self.model = target.alias
+
+    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+        body = {
+            "model": self.target.alias,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        result = await asyncio.wait_for(self.upstream.complete(self.target, body), self.timeout)
+        choices = result.get("choices") or [{}]
+        content = (choices[0].get("message") or {}).get("content")
+        return content if isinstance(content, str) else ""
 
     async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
         body = {

@@ -253,6 +253,18 @@ class Upstream:
     def __init__(self, settings: GeneralSettings) -> None:
         self._settings = settings
         self._litellm = load_litellm()
+        self._windows: dict[str, int | None] = {}
+
+    def context_window(self, model: str) -> int | None:
+        """The input-token limit LiteLLM's (bundled, offline) model map knows for ``model``, if any."""
+        if model not in self._windows:
+            try:
+                info = self._litellm.get_model_info(model)
+                window = info.get("max_input_tokens") or info.get("max_tokens")
+                self._windows[model] = int(window) if window else None
+            except Exception:  # unknown models raise
+                self._windows[model] = None
+        return self._windows[model]
 
     def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
         params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}

@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import re
+import string
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
@@ -61,7 +62,7 @@ _SECRET_NAME = r"(?:api[_-]?key|apikey|access[_-]?key|secret|token|passw(?:or)?d
 # Annotations like `token: str` are code, not secrets; `token: str = "..."` still has its value redacted.
 _TYPE_WORD = r"(?:optional\[|[&*]\s*)?(?:str|int|bool|bytes|string|number|boolean|float|none|null|any|secretstr)\b"
 _ASSIGNMENT = re.compile(
-    rf"\b((?:[\w.-]*?{_SECRET_NAME}|(?:[\w.-]*[_.-])?key)[\"']?(?:\s*:\s*{_TYPE_WORD}\]?)?\s*[:=]\s*)"
+    rf"\b((?:[\w.-]{{0,40}}?{_SECRET_NAME}|(?:[\w.-]{{0,40}}[_.-])?key)[\"']?(?:\s*:\s*{_TYPE_WORD}\]?)?\s*[:=]\s*)"
     rf"(?!{_TYPE_WORD})(?:(?:bearer|basic|token)\s+)?(\"[^\"\n]*\"|'[^'\n]*'|[^\s'\",;]+)",
     re.I,
 )
@@ -84,7 +85,7 @@ _REDACTIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] 
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), _R),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), _R),  # JWT
     (re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.I), rf"\1 {_R}"),
-    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@:]+:[^\s/]*@"), rf"\1{_R}@"),  # keep scheme and host
+    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,30}://)[^\s/@:]+:[^\s/]*@"), rf"\1{_R}@"),  # keep scheme and host
     (_ASSIGNMENT, _redact_assignment),  # keeps the key name, and the quotes of a quoted value
 ]
 
@@ -105,7 +106,7 @@ def _finish(lines: list[str], max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max(0, max_chars - 1)] + "…"
 
 
-_TOKEN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-+/=."
+_TOKEN_CHARS = string.ascii_letters + string.digits + "_-+/=."
 _BOUNDARY = re.compile(r"[^\w+/=.-]")
 
 
@@ -379,6 +380,25 @@ def _python_outline(content: str) -> tuple[list[str], list[str]]:
     return imports, signatures
 
 
+def _pattern_outline(content: str) -> tuple[list[str], list[str]]:
+    imports: list[str] = []
+    signatures: list[str] = []
+    in_go_imports = False
+    for line in content.splitlines():
+        if len(line) > 300:
+            continue  # minified or generated; also bounds regex work per line
+        if in_go_imports:
+            in_go_imports = line.strip() != ")"
+            if in_go_imports and line.strip():
+                imports.append(line.strip())
+        elif _IMPORT.match(line):
+            in_go_imports = line.strip() == "import ("
+            imports.append(line.strip())
+        elif _SIGNATURE.match(line) and not _NOT_A_SIGNATURE.match(line):
+            signatures.append(_strip_body(line.strip()))
+    return imports, signatures
+
+
 def explore_code(name: str, content: str, max_chars: int = 2000) -> str:
     """Deterministic outline of source code: language, size, imports, top-level signatures without bodies."""
     try:
@@ -395,24 +415,7 @@ def explore_code(name: str, content: str, max_chars: int = 2000) -> str:
                 outline = _python_outline(head)
             except Exception:  # SyntaxError, or RecursionError on absurd nesting: use the regexes
                 lines.append("(not valid Python; outline by pattern matching)")
-        if outline is None:
-            imports: list[str] = []
-            signatures: list[str] = []
-            in_go_imports = False
-            for line in head.splitlines():
-                if len(line) > 300:
-                    continue  # minified or generated; also bounds regex work per line
-                if in_go_imports:
-                    in_go_imports = line.strip() != ")"
-                    if in_go_imports and line.strip():
-                        imports.append(line.strip())
-                elif _IMPORT.match(line):
-                    in_go_imports = line.strip() == "import ("
-                    imports.append(line.strip())
-                elif _SIGNATURE.match(line) and not _NOT_A_SIGNATURE.match(line):
-                    signatures.append(_strip_body(line.strip()))
-            outline = imports, signatures
-        imports, signatures = outline
+        imports, signatures = outline or _pattern_outline(head)
         lines.append(f"Imports ({len(imports)}):")
         lines += [f"  {_clip(line, 160)}" for line in imports[:15]] + (["  …"] if len(imports) > 15 else [])
         lines.append(f"Top-level declarations ({len(signatures)}):")

@@ -29,6 +29,7 @@ import orjson
 
 from proxy.engine import tokens
 from proxy.engine.canonical import chain_hashes, split_instructions
+from proxy.engine.compaction import covering_prefix
 from proxy.engine.explore import TextSummarizer, exploration_summary
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
 from proxy.store.files import FileStore
@@ -120,6 +121,7 @@ class Ingestor:
         *,
         conversation_key: str | None = None,
         summarizer: TextSummarizer | None = None,
+        model: str | None = None,
     ) -> IngestResult:
         instructions, transcript = split_instructions(messages)
         if not transcript:
@@ -153,7 +155,7 @@ class Ingestor:
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
         # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
         conversation_id, action, appended, forked_from = await asyncio.shield(
-            self._commit(tenant, transcript, chains, conversation_key, instructions_json, prepare, explorations)
+            self._commit(tenant, transcript, chains, conversation_key, instructions_json, prepare, explorations, model)
         )
         overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
         forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
@@ -186,6 +188,7 @@ class Ingestor:
         instructions_json: str | None,
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
         explorations: dict[str, str],
+        model: str | None,
     ) -> tuple[str, Action, int, str | None]:
         async with self.store.write() as tx:
             located = await locate(tx, tenant, chains, key)
@@ -207,6 +210,13 @@ class Ingestor:
                 if conversation is not None:
                     await tx.copy_prefix(conversation.id, conversation_id, located.common)
                     forked_from = conversation.id
+                    # The fork shares the parent's summaries of the common prefix (nothing is summarised twice).
+                    shared, upto = await covering_prefix(
+                        tx, await tx.context_summaries(conversation.id), located.common
+                    )
+                    if shared:
+                        await tx.set_context(conversation_id, [s.id for s in shared], upto)
+                    await tx.set_stubbed_upto(conversation_id, min(conversation.stubbed_upto, located.common))
                     if key is not None:  # the client's key follows its current version of the conversation
                         await tx.move_external_key(tenant, key, conversation_id)
                 start = located.common
@@ -216,6 +226,8 @@ class Ingestor:
                     start = conversation.message_count
                 if conversation.instructions_json != instructions_json:
                     await tx.set_instructions(conversation_id, instructions_json)
+            if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
+                await tx.set_last_model(conversation_id, model)
             new = [await prepare(i) for i in range(start, len(transcript))]
             for interception, _ in new:
                 for payload in interception.payloads:
@@ -272,6 +284,9 @@ class Ingestor:
                 self.files.put(payload.data)
         forwarded = apply_patches(message, interception.forward_patches)
         forwarded_tokens = tokens.count_message(forwarded)
+        compact_tokens = None
+        if interception.compact_patches:
+            compact_tokens = tokens.count_message(apply_patches(forwarded, interception.compact_patches))
         record = NewMessage(
             role=str(message.get("role")),
             original_json=orjson.dumps(interception.original).decode(),
@@ -283,6 +298,7 @@ class Ingestor:
             sent_token_count=tokens.count_message(message) if forwarded is not message else forwarded_tokens,
             chain_hash=chain,
             file_ids=tuple(p.file_id for p in interception.payloads),
+            compact_token_count=compact_tokens,
         )
         return interception, record
 

@@ -126,3 +126,62 @@ def _statements(sql: str) -> list[str]:
     if buffer.strip():
         out.append(buffer.strip())
     return out
+
+
+migration(
+    "m002_summary_dag",
+    """
+    CREATE TABLE summaries (
+        id TEXT PRIMARY KEY,                      -- sum_<16 hex>
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        kind TEXT NOT NULL CHECK (kind IN ('leaf', 'condensed')),
+        depth INTEGER NOT NULL,
+        start_seq INTEGER NOT NULL,               -- covers messages [start_seq, end_seq) of conversation_id
+        end_seq INTEGER NOT NULL,
+        content TEXT NOT NULL,
+        token_count INTEGER NOT NULL,
+        source_token_count INTEGER NOT NULL,
+        earliest_at REAL NOT NULL,
+        latest_at REAL NOT NULL,
+        descendant_count INTEGER NOT NULL,
+        file_ids TEXT,                            -- JSON list of file ids mentioned in the sources
+        summarizer_model TEXT,
+        escalation INTEGER NOT NULL,              -- 0 normal, 1 aggressive, 2 deterministic fallback
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX summaries_conversation ON summaries(conversation_id, start_seq);
+
+    CREATE TABLE summary_sources (
+        summary_id TEXT NOT NULL REFERENCES summaries(id),
+        ordinal INTEGER NOT NULL,
+        message_id INTEGER REFERENCES messages(id),
+        child_summary_id TEXT REFERENCES summaries(id),
+        PRIMARY KEY (summary_id, ordinal),
+        CHECK ((message_id IS NULL) != (child_summary_id IS NULL))
+    );
+    CREATE INDEX summary_sources_message ON summary_sources(message_id);
+    CREATE INDEX summary_sources_child ON summary_sources(child_summary_id);
+
+    -- The summarised part of each conversation's active context, oldest first. Raw messages from
+    -- conversations.summarized_upto on follow them implicitly: a compaction swaps a run of items (or of raw
+    -- messages) for one summary in a single transaction.
+    CREATE TABLE context_items (
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        ordinal INTEGER NOT NULL,
+        summary_id TEXT NOT NULL REFERENCES summaries(id),
+        PRIMARY KEY (conversation_id, ordinal)
+    );
+
+    ALTER TABLE conversations ADD COLUMN summarized_upto INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE conversations ADD COLUMN stubbed_upto INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE conversations ADD COLUMN last_model TEXT;
+    ALTER TABLE messages ADD COLUMN compact_token_count INTEGER;
+
+    CREATE VIRTUAL TABLE summaries_fts USING fts5(
+        content, content='summaries', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER summaries_fts_insert AFTER INSERT ON summaries BEGIN
+        INSERT INTO summaries_fts(rowid, content) VALUES (new.rowid, new.content);
+    END;
+    """,
+)

@@ -17,6 +17,9 @@ class ConversationRecord:
     token_count: int
     created_at: float
     updated_at: float
+    summarized_upto: int = 0  # messages [0, summarized_upto) are covered by the context's summaries
+    stubbed_upto: int = 0  # large tool results before this seq are forwarded as their stub
+    last_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class MessageRecord:
     sent_token_count: int
     chain_hash: str
     created_at: float
+    compact_token_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class NewMessage:
     sent_token_count: int
     chain_hash: str
     file_ids: tuple[str, ...] = field(default_factory=tuple)
+    compact_token_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,4 +67,24 @@ class FileRecord:
     sha256: str
     path: str
     exploration: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class SummaryRecord:
+    id: str
+    conversation_id: str
+    kind: str  # leaf | condensed
+    depth: int
+    start_seq: int
+    end_seq: int
+    content: str
+    token_count: int
+    source_token_count: int
+    earliest_at: float
+    latest_at: float
+    descendant_count: int
+    file_ids: str | None
+    summarizer_model: str | None
+    escalation: int
     created_at: float

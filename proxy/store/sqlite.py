@@ -20,16 +20,20 @@ from typing import Any
 import aiosqlite
 
 from proxy.store.migrations import apply_migrations
-from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage
+from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, SummaryRecord
 
 DB_NAME = "lcm.sqlite3"
 _CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
-    "created_at, updated_at"
+    "created_at, updated_at, summarized_upto, stubbed_upto, last_model"
 )
 _MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
-    "token_count, sent_token_count, chain_hash, created_at"
+    "token_count, sent_token_count, chain_hash, created_at, compact_token_count"
+)
+_SUM_COLUMNS = (
+    "id, conversation_id, kind, depth, start_seq, end_seq, content, token_count, source_token_count, "
+    "earliest_at, latest_at, descendant_count, file_ids, summarizer_model, escalation, created_at"
 )
 _FILE_COLUMNS = "id, tenant, conversation_id, name, mime, kind, bytes, sha256, path, exploration, created_at"
 
@@ -124,6 +128,60 @@ class Queries:
         )
         return int(row[0]), int(row[1])
 
+    async def context_summaries(self, conversation_id: str) -> list[SummaryRecord]:
+        rows = await self._all(
+            f"SELECT {', '.join('s.' + c.strip() for c in _SUM_COLUMNS.split(','))} FROM context_items ci"
+            " JOIN summaries s ON s.id = ci.summary_id WHERE ci.conversation_id = ? ORDER BY ci.ordinal",
+            (conversation_id,),
+        )
+        return [SummaryRecord(*r) for r in rows]
+
+    async def summary(self, summary_id: str) -> SummaryRecord | None:
+        row = await self._one(f"SELECT {_SUM_COLUMNS} FROM summaries WHERE id = ?", (summary_id,))
+        return SummaryRecord(*row) if row else None
+
+    async def child_summaries(self, summary_id: str) -> list[SummaryRecord]:
+        rows = await self._all(
+            f"SELECT {', '.join('s.' + c.strip() for c in _SUM_COLUMNS.split(','))} FROM summary_sources ss"
+            " JOIN summaries s ON s.id = ss.child_summary_id WHERE ss.summary_id = ? ORDER BY ss.ordinal",
+            (summary_id,),
+        )
+        return [SummaryRecord(*r) for r in rows]
+
+    async def roles(self, conversation_id: str, start: int, end: int) -> list[str]:
+        rows = await self._all(
+            "SELECT role FROM messages WHERE conversation_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+            (conversation_id, start, end),
+        )
+        return [str(r[0]) for r in rows]
+
+    async def raw_token_counts(self, conversation_id: str, start: int, end: int, stubbed_upto: int) -> list[int]:
+        rows = await self._all(
+            "SELECT CASE WHEN seq < ? AND compact_token_count IS NOT NULL THEN compact_token_count"
+            " ELSE token_count END FROM messages WHERE conversation_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+            (stubbed_upto, conversation_id, start, end),
+        )
+        return [int(r[0]) for r in rows]
+
+    async def raw_token_sum(self, conversation_id: str, start: int, end: int, stubbed_upto: int) -> int:
+        """Tokens of messages [start, end) as assembled: the compact form where stubbing applies."""
+        row = await self._one(
+            "SELECT coalesce(sum(CASE WHEN seq < ? AND compact_token_count IS NOT NULL"
+            " THEN compact_token_count ELSE token_count END), 0) FROM messages"
+            " WHERE conversation_id = ? AND seq >= ? AND seq < ?",
+            (stubbed_upto, conversation_id, start, end),
+        )
+        return int(row[0])
+
+    async def patches(self, conversation_id: str, start: int, end: int) -> list[tuple[int, str | None, str | None]]:
+        """(seq, forward patches, compact patches) of messages in [start, end) that have any."""
+        rows = await self._all(
+            "SELECT seq, forward_json, compact_json FROM messages WHERE conversation_id = ? AND seq >= ? AND seq < ?"
+            " AND (forward_json IS NOT NULL OR compact_json IS NOT NULL) ORDER BY seq",
+            (conversation_id, start, end),
+        )
+        return [(int(r[0]), r[1], r[2]) for r in rows]
+
     async def file(self, tenant: str, file_id: str) -> FileRecord | None:
         row = await self._one(f"SELECT {_FILE_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id))
         return FileRecord(*row) if row else None
@@ -165,9 +223,9 @@ class WriteTransaction(Queries):
         """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
         await self.conn.execute(
             "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-            " compact_json, text, token_count, sent_token_count, chain_hash, created_at)"
+            " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
             " SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
-            " sent_token_count, chain_hash, created_at FROM messages"
+            " sent_token_count, chain_hash, created_at, compact_token_count FROM messages"
             " WHERE conversation_id = ? AND seq < ? ORDER BY seq",
             (target_id, source_id, count),
         )
@@ -184,11 +242,12 @@ class WriteTransaction(Queries):
         for offset, m in enumerate(messages):
             cursor = await self.conn.execute(
                 "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-                " compact_json, text, token_count, sent_token_count, chain_hash, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
                     m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
+                    m.compact_token_count,
                 ),
             )  # fmt: skip
             for file_id in m.file_ids:
@@ -214,6 +273,41 @@ class WriteTransaction(Queries):
 
     async def touch(self, conversation_id: str) -> None:
         await self.conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+
+    async def insert_summary(self, record: SummaryRecord, message_ids: Sequence[int], child_ids: Sequence[str]) -> None:
+        await self.conn.execute(
+            f"INSERT INTO summaries ({_SUM_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            (
+                record.id, record.conversation_id, record.kind, record.depth, record.start_seq, record.end_seq,
+                record.content, record.token_count, record.source_token_count, record.earliest_at, record.latest_at,
+                record.descendant_count, record.file_ids, record.summarizer_model, record.escalation, record.created_at,
+            ),
+        )  # fmt: skip
+        sources = [(m, None) for m in message_ids] + [(None, c) for c in child_ids]
+        await self.conn.executemany(
+            "INSERT INTO summary_sources (summary_id, ordinal, message_id, child_summary_id) VALUES (?, ?, ?, ?)",
+            [(record.id, i, m, c) for i, (m, c) in enumerate(sources)],
+        )
+
+    async def set_context(self, conversation_id: str, summary_ids: Sequence[str], summarized_upto: int) -> None:
+        """Replace the summarised part of the active context (the swap of one compaction pass)."""
+        await self.conn.execute("DELETE FROM context_items WHERE conversation_id = ?", (conversation_id,))
+        await self.conn.executemany(
+            "INSERT INTO context_items (conversation_id, ordinal, summary_id) VALUES (?, ?, ?)",
+            [(conversation_id, i, s) for i, s in enumerate(summary_ids)],
+        )
+        await self.conn.execute(
+            "UPDATE conversations SET summarized_upto = ?, stubbed_upto = max(stubbed_upto, ?) WHERE id = ?",
+            (summarized_upto, summarized_upto, conversation_id),
+        )
+
+    async def set_stubbed_upto(self, conversation_id: str, seq: int) -> None:
+        await self.conn.execute(
+            "UPDATE conversations SET stubbed_upto = max(stubbed_upto, ?) WHERE id = ?", (seq, conversation_id)
+        )
+
+    async def set_last_model(self, conversation_id: str, model: str) -> None:
+        await self.conn.execute("UPDATE conversations SET last_model = ? WHERE id = ?", (model, conversation_id))
 
     async def put_file(self, record: FileRecord) -> None:
         await self.conn.execute(

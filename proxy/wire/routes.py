@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -56,22 +57,33 @@ async def chat_completions(request: Request) -> Response:
         target = state.router.resolve(body["model"])
         key = _conversation_key(request)
         headers: dict[str, str] = {}
+        background: BackgroundTask | None = None
         if state.config.lcm_settings.enabled:
-            ingested = await state.ingestor.ingest(
-                tenant, body["messages"], conversation_key=key, summarizer=state.summarizer_for(target)
+            summarizer = state.summarizer_for(target)
+            budget = state.budget_for(target, body)
+            prepared = await state.engine.prepare(
+                tenant, body["messages"], budget, summarizer, conversation_key=key, model=body["model"]
             )
-            if ingested.messages is not body["messages"]:
-                body = {**body, "messages": ingested.messages}
-            if ingested.conversation_id is not None:
-                headers[CONVERSATION_HEADER] = ingested.conversation_id
-            headers["x-lcm-tokens-sent"] = str(ingested.tokens_sent)
-            headers["x-lcm-tokens-forwarded"] = str(ingested.tokens_forwarded)
+            if prepared.messages is not body["messages"]:
+                body = {**body, "messages": prepared.messages}
+            if prepared.conversation_id is not None:
+                headers[CONVERSATION_HEADER] = prepared.conversation_id
+            headers["x-lcm-tokens-sent"] = str(prepared.tokens_sent)
+            headers["x-lcm-tokens-forwarded"] = str(prepared.tokens_forwarded)
+            headers["x-lcm-compaction"] = prepared.compaction
+            if prepared.compaction == "scheduled":
+                background = BackgroundTask(state.engine.after_response, prepared, summarizer)
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
-            return StreamingResponse(_relay(stream), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-        return JSONResponse(await state.upstream.complete(target, body), headers=headers)
+            return StreamingResponse(
+                _relay(stream),
+                media_type="text/event-stream",
+                headers={**SSE_HEADERS, **headers},
+                background=background,
+            )
+        return JSONResponse(await state.upstream.complete(target, body), headers=headers, background=background)
     except ProxyError as error:
         return error_response(error)
 

@@ -1,0 +1,331 @@
+"""Compaction: the summary DAG that keeps a conversation inside its budget forever.
+
+The active context of a conversation is ``context_items`` (its top-level summaries, oldest first) followed
+implicitly by the raw messages from ``summarized_upto`` on. Passes, cheapest first:
+
+1. **stub step** — large tool results before the fresh tail are swapped for their prepared stubs
+   (``stubbed_upto``): no LLM call, and it often frees more than a summary would;
+2. **leaf pass** — the oldest raw messages outside the fresh tail, up to ``leaf_chunk_tokens`` (extended so a
+   tool call and all its results stay together), become one depth-0 summary;
+3. **condensed pass** — the oldest run of ``fanout`` same-depth summaries becomes one node a level deeper.
+
+Each pass is one write transaction (summary + source links + context swap) that first re-checks the state
+it was computed from, so concurrent compactions (other workers) can only waste work, never corrupt it.
+A sweep repeats passes under an iteration cap and a deadline.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from proxy.config import LcmSettings
+from proxy.engine import tokens
+from proxy.engine.intercept import SEGMENTS_KEY, apply_patches
+from proxy.engine.render import render_message, render_summary, timestamp
+from proxy.engine.summarize import (
+    Guard,
+    Summarizer,
+    SummarizerUnavailable,
+    condensed_prompt,
+    leaf_prompt,
+    summarize,
+)
+from proxy.store.records import ConversationRecord, MessageRecord, SummaryRecord
+from proxy.store.sqlite import Queries, SQLiteStore
+from proxy.types import Message
+
+TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of a long run of tool results
+
+
+def tail_start(roles: Sequence[str], offset: int, count: int, fresh_tail_count: int) -> int:
+    """First seq of the fresh tail: the newest ``fresh_tail_count`` messages, moved back so that it never
+    starts on a tool result (its assistant tool call joins the tail). ``roles`` cover seqs from ``offset``."""
+    start = max(0, count - fresh_tail_count)
+    while start > offset and start - offset < len(roles) and roles[start - offset] in ("tool", "function"):
+        start -= 1
+    return start
+
+
+def new_summary_id() -> str:
+    return "sum_" + secrets.token_hex(8)
+
+
+async def covering_prefix(q: Queries, top: Sequence[SummaryRecord], limit: int) -> tuple[list[SummaryRecord], int]:
+    """The summaries that cover the longest prefix of messages [0, limit), descending into condensed nodes
+    that reach past ``limit``. Used for forks and for requests that re-send an earlier point."""
+    out: list[SummaryRecord] = []
+    upto = 0
+    for summary in top:
+        if summary.end_seq <= limit:
+            out.append(summary)
+            upto = summary.end_seq
+            continue
+        if summary.kind == "condensed":
+            inner, inner_upto = await covering_prefix(q, await q.child_summaries(summary.id), limit)
+            if inner:
+                out += inner
+                upto = inner_upto
+        break
+    return out, upto
+
+
+def view_message(row: MessageRecord, stubbed: bool) -> tuple[Message, list[str]]:
+    """A stored message as compaction sees it: stubs applied, payload references as ``[file_…]`` markers."""
+    message = orjson.loads(row.original_json)
+    file_ids: list[str] = []
+    for path in orjson.loads(row.payload_paths) if row.payload_paths else []:
+        target = message
+        for key in path[:-1]:
+            target = target[key]
+        pieces = []
+        for segment in target[path[-1]][SEGMENTS_KEY]:
+            if isinstance(segment, str):
+                pieces.append(segment)
+            else:
+                pieces.append(f"[{segment['ref']}]")
+                file_ids.append(segment["ref"])
+        target[path[-1]] = "".join(pieces)
+    patches = orjson.loads(row.forward_json) if row.forward_json else []
+    if stubbed and row.compact_json:
+        patches += orjson.loads(row.compact_json)
+    return apply_patches(message, [(p, v) for p, v in patches]), file_ids
+
+
+@dataclass
+class SweepReport:
+    stubbed: bool = False
+    leaf_passes: int = 0
+    condensed_passes: int = 0
+    fallbacks: int = 0
+    unavailable: bool = False
+    deadline_hit: bool = False
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.stubbed or self.leaf_passes > 0 or self.condensed_passes > 0
+
+
+class Compactor:
+    def __init__(self, store: SQLiteStore, settings: LcmSettings, guard: Guard) -> None:
+        self.store = store
+        self.settings = settings
+        self.guard = guard
+
+    async def view(self, conversation: ConversationRecord, count: int) -> tuple[list[SummaryRecord], int]:
+        """The summaries in the context of the first ``count`` messages, and the first raw seq after them."""
+        q = self.store.read
+        summaries = await q.context_summaries(conversation.id)
+        if conversation.summarized_upto <= count:
+            return summaries, conversation.summarized_upto
+        return await covering_prefix(q, summaries, count)
+
+    async def context_tokens(self, conversation: ConversationRecord, count: int) -> int:
+        """Tokens of the assembled messages (instructions excluded) for the first ``count`` messages."""
+        summaries, upto = await self.view(conversation, count)
+        raw = await self.store.read.raw_token_sum(conversation.id, upto, count, conversation.stubbed_upto)
+        return sum(tokens.count_message(render_summary(s)) for s in summaries) + raw
+
+    async def tail_start(self, conversation_id: str, count: int) -> int:
+        offset = max(0, count - self.settings.fresh_tail_count - TAIL_LOOKBACK)
+        roles = await self.store.read.roles(conversation_id, offset, count)
+        return tail_start(roles, offset, count, self.settings.fresh_tail_count)
+
+    async def stub_step(self, conversation: ConversationRecord, tail: int) -> bool:
+        if conversation.stubbed_upto >= tail:
+            return False
+        patches = await self.store.read.patches(conversation.id, conversation.stubbed_upto, tail)
+        if not any(compact for _, _, compact in patches):
+            return False
+        async with self.store.write() as tx:
+            await tx.set_stubbed_upto(conversation.id, tail)
+        return True
+
+    async def leaf_pass(
+        self, conversation: ConversationRecord, tail: int, summarizer: Summarizer | None
+    ) -> SummaryRecord | None:
+        start = conversation.summarized_upto
+        if start >= tail:
+            return None
+        rows = await self.store.read.messages(conversation.id, start, tail)
+        chunk: list[MessageRecord] = []
+        total = 0
+        for row in rows:
+            stubbed = row.compact_token_count is not None and row.seq < conversation.stubbed_upto
+            cost = row.compact_token_count if stubbed and row.compact_token_count is not None else row.token_count
+            # Tool results always join their call's chunk: a cut between them would orphan one side.
+            if chunk and total + cost > self.settings.leaf_chunk_tokens and row.role not in ("tool", "function"):
+                break
+            chunk.append(row)
+            total += cost
+        end = chunk[-1].seq + 1
+        rendered: list[str] = []
+        file_ids: list[str] = []
+        for row in chunk:
+            message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
+            rendered.append(render_message(message, row.created_at))
+            file_ids += [r for r in refs if r not in file_ids]
+        source = "\n\n".join(rendered)
+        context = await self.store.read.context_summaries(conversation.id)
+        previous = f"<previous_context>\n{context[-1].content}\n</previous_context>\n\n" if context else ""
+        target = self.settings.leaf_target_tokens
+        text = await summarize(
+            summarizer,
+            self.guard,
+            conversation.id,
+            prompts=(leaf_prompt(target, False), leaf_prompt(target // 2, True)),
+            source=f"{previous}<conversation>\n{source}\n</conversation>",
+            source_tokens=tokens.count_text(source),
+            target_tokens=target,
+            fallback_tokens=self.settings.fallback_max_tokens,
+            timeout=self.settings.summary_timeout,
+        )
+        record = SummaryRecord(
+            id=new_summary_id(),
+            conversation_id=conversation.id,
+            kind="leaf",
+            depth=0,
+            start_seq=start,
+            end_seq=end,
+            content=text.content,
+            token_count=tokens.count_text(text.content),
+            source_token_count=total,
+            earliest_at=chunk[0].created_at,
+            latest_at=chunk[-1].created_at,
+            descendant_count=0,
+            file_ids=orjson.dumps(file_ids).decode() if file_ids else None,
+            summarizer_model=text.model,
+            escalation=text.escalation,
+            created_at=time.time(),
+        )
+        async with self.store.write() as tx:
+            current = await tx.conversation(None, conversation.id)
+            if current is None or current.summarized_upto != start:
+                return None  # another worker compacted meanwhile; its result stands
+            ids = [s.id for s in await tx.context_summaries(conversation.id)]
+            await tx.insert_summary(record, [row.id for row in chunk], [])
+            await tx.set_context(conversation.id, [*ids, record.id], end)
+        return record
+
+    def _fanout(self, depth: int) -> int:
+        return self.settings.leaf_min_fanout if depth == 0 else self.settings.condensed_min_fanout
+
+    async def condensed_pass(
+        self, conversation: ConversationRecord, summarizer: Summarizer | None
+    ) -> SummaryRecord | None:
+        context = await self.store.read.context_summaries(conversation.id)
+        best: tuple[int, int] | None = None  # (depth, index of the run's first summary)
+        i = 0
+        while i < len(context):
+            j = i
+            while j < len(context) and context[j].depth == context[i].depth:
+                j += 1
+            depth = context[i].depth
+            if j - i >= self._fanout(depth) and (best is None or depth < best[0]):
+                best = (depth, i)
+            i = j
+        if best is None:
+            return None
+        depth, first = best
+        children = context[first : first + self._fanout(depth)]
+        source = "\n\n".join(
+            f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n{c.content}" for c in children
+        )
+        target = self.settings.condensed_target_tokens
+        source_tokens = tokens.count_text(source)
+        text = await summarize(
+            summarizer,
+            self.guard,
+            conversation.id,
+            prompts=(condensed_prompt(depth + 1, target, False), condensed_prompt(depth + 1, target // 2, True)),
+            source=f"<summaries>\n{source}\n</summaries>",
+            source_tokens=source_tokens,
+            target_tokens=target,
+            fallback_tokens=self.settings.fallback_max_tokens,
+            timeout=self.settings.summary_timeout,
+        )
+        file_ids: list[str] = []
+        for child in children:
+            for file_id in orjson.loads(child.file_ids) if child.file_ids else []:
+                if file_id not in file_ids:
+                    file_ids.append(file_id)
+        record = SummaryRecord(
+            id=new_summary_id(),
+            conversation_id=conversation.id,
+            kind="condensed",
+            depth=depth + 1,
+            start_seq=children[0].start_seq,
+            end_seq=children[-1].end_seq,
+            content=text.content,
+            token_count=tokens.count_text(text.content),
+            source_token_count=source_tokens,
+            earliest_at=children[0].earliest_at,
+            latest_at=children[-1].latest_at,
+            descendant_count=sum(c.descendant_count + 1 for c in children),
+            file_ids=orjson.dumps(file_ids).decode() if file_ids else None,
+            summarizer_model=text.model,
+            escalation=text.escalation,
+            created_at=time.time(),
+        )
+        ids = [s.id for s in context]
+        async with self.store.write() as tx:
+            if [s.id for s in await tx.context_summaries(conversation.id)] != ids:
+                return None
+            current = await tx.conversation(None, conversation.id)
+            assert current is not None
+            await tx.insert_summary(record, [], [c.id for c in children])
+            new_ids = [*ids[:first], record.id, *ids[first + len(children) :]]
+            await tx.set_context(conversation.id, new_ids, current.summarized_upto)
+        return record
+
+    async def sweep(
+        self,
+        conversation_id: str,
+        summarizer: Summarizer | None,
+        *,
+        count: int | None = None,
+        target_tokens: int | None = None,
+    ) -> SweepReport:
+        """Passes until under ``target_tokens`` (or, without a target, until nothing is left to compact)."""
+        report = SweepReport()
+        deadline = time.monotonic() + self.settings.sweep_deadline_seconds
+        for iteration in range(self.settings.max_sweep_iterations + 1):
+            conversation = await self.store.read.conversation(None, conversation_id)
+            if conversation is None:
+                break
+            n = conversation.message_count if count is None else count
+            current = await self.context_tokens(conversation, n)
+            if iteration == 0:
+                report.tokens_before = current
+            report.tokens_after = current
+            if iteration == self.settings.max_sweep_iterations:
+                break
+            if target_tokens is not None and current <= target_tokens:
+                break
+            if time.monotonic() > deadline:
+                report.deadline_hit = True
+                break
+            tail = await self.tail_start(conversation_id, n)
+            if await self.stub_step(conversation, tail):
+                report.stubbed = True
+                continue
+            try:
+                made = await self.leaf_pass(conversation, tail, summarizer)
+                if made is not None:
+                    report.leaf_passes += 1
+                else:
+                    made = await self.condensed_pass(conversation, summarizer)
+                    report.condensed_passes += made is not None
+                if made is not None:
+                    report.fallbacks += made.escalation == 2
+                    continue
+            except SummarizerUnavailable:
+                report.unavailable = True
+            break
+        return report

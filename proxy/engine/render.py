@@ -1,0 +1,92 @@
+"""Text renderings: messages as a flat transcript for the summarizer, summaries as messages for the model.
+
+Both must be deterministic functions of stored data (timestamps are ingest times, never "now"): the
+assembled context is part of the provider's prompt-cache key, and the summarizer input is part of what a
+test compares.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from typing import Any
+
+from proxy.engine.explore import redact_secrets
+from proxy.store.records import SummaryRecord
+from proxy.types import Message
+
+REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.S | re.I)
+UNCLOSED_REASONING = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.S | re.I)
+MAX_ARGUMENT_CHARS = 300
+
+
+def strip_reasoning(text: str) -> str:
+    """Remove <think>-style blocks (and an unterminated one at the start: a reasoning-only answer)."""
+    text = REASONING_BLOCK.sub("", text)
+    return UNCLOSED_REASONING.sub("", text)
+
+
+def timestamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    pieces: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            pieces.append(f"(refused) {part['refusal']}")
+        elif kind == "image_url":
+            url = str((part.get("image_url") or {}).get("url", ""))
+            pieces.append("[image]" if url.startswith("data:") else f"[image: {url[:200]}]")
+        elif kind == "file":
+            pieces.append(f"[file: {(part.get('file') or {}).get('filename', 'attachment')}]")
+        elif kind == "input_audio":
+            pieces.append("[audio]")
+    return "\n".join(pieces)
+
+
+def render_message(message: Message, created_at: float, file_refs: dict[str, str] | None = None) -> str:
+    """One message as summarizer input: ``[time | role]`` header, text, tool calls; no reasoning blocks."""
+    role = str(message.get("role"))
+    header = role
+    if role == "tool":
+        header = f"tool result ({message.get('name') or message.get('tool_call_id', '')})"
+    lines = [f"[{timestamp(created_at)} | {header}]"]
+    text = strip_reasoning(_content_text(message.get("content"))).strip()
+    for placeholder, ref in (file_refs or {}).items():
+        text = text.replace(placeholder, ref)
+    if text:
+        lines.append(text)
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {} if isinstance(call, dict) else {}
+        arguments = str(fn.get("arguments", ""))
+        if len(arguments) > MAX_ARGUMENT_CHARS:
+            arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"
+        lines.append(f"-> calls {fn.get('name', '?')}({arguments})")
+    return redact_secrets("\n".join(lines))
+
+
+def _attribute(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def render_summary(summary: SummaryRecord) -> Message:
+    """A summary as the user-role message the model sees (DESIGN.md, "Compaction")."""
+    attributes = (
+        f'id="{_attribute(summary.id)}" kind="{summary.kind}" depth="{summary.depth}" '
+        f'earliest_at="{timestamp(summary.earliest_at)}" latest_at="{timestamp(summary.latest_at)}" '
+        f'descendant_count="{summary.descendant_count}" trust="untrusted"'
+    )
+    # The closing tag inside content must not end the wrapper early.
+    content = summary.content.replace("</summary>", "&lt;/summary&gt;")
+    return {"role": "user", "content": f"<summary {attributes}>\n{content}\n</summary>"}
