@@ -334,3 +334,28 @@ def test_permissions(tmp_path: Path) -> None:
 def test_same_message_helper() -> None:
     assert same_message({"role": "user", "content": "a", "name": None}, {"content": "a", "role": "user"})
     assert not same_message(user("a"), user("b"))
+
+
+def test_file_block_scanner_is_linear_and_correct() -> None:
+    from proxy.engine.intercept import find_file_blocks
+
+    text = 'a <file name="x.txt">one</file> b <filex> <file\nmime="t">two</file> <file>'
+    blocks = find_file_blocks(text)
+    assert [text[b.inner_start : b.inner_end] for b in blocks] == ["one", "two"]
+    assert [b.attributes.strip() for b in blocks] == ['name="x.txt"', 'mime="t"']
+    hostile = "<file>" * 200_000 + "<file " + "a" * 100_000  # unclosed tags: must not go quadratic
+    assert find_file_blocks(hostile) == []
+    many = "<file>x</file>" * 100_000
+    assert len(find_file_blocks(many)) == 100_000
+
+
+def test_earlier_resend_with_other_instructions_keeps_stored_instructions(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with open_engine(tmp_path) as (ingestor, store, files):
+            full = [SYSTEM, user("u1"), assistant("a1"), user("u2")]
+            first = await ingestor.ingest("t", full)
+            side = await ingestor.ingest("t", [{"role": "system", "content": "Write a title."}, user("u1")])
+            assert side.action == "earlier" and side.conversation_id == first.conversation_id
+            assert await export_conversation(store, files, "t", first.conversation_id) == full
+
+    run(scenario())

@@ -70,6 +70,9 @@ MALFORMED: list[tuple[str, Any, int, str | None]] = [
     ("metadata_list", body(metadata=["a"]), 400, "metadata"),
     ("user_number", body(user=5), 400, "user"),
     ("seed_string", body(seed="7"), 400, "seed"),
+    ("file_data_number", body(messages=[{"role": "user", "content": [{"type": "file", "file": {"file_data": 5}}]}]), 400, "messages[0].content[0].file.file_data"),
+    ("audio_data_missing", body(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]), 400, "messages[0].content[0].input_audio.data"),
+    ("custom_call_function_string", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "function": "x"}]}]), 400, "messages[1].tool_calls[0].function"),
     ("unknown_model", body(model="no-such-model"), 404, "model"),
 ]  # fmt: skip
 

@@ -74,6 +74,11 @@ class IngestResult:
     tokens_forwarded: int
 
 
+class _NeedsPreparation(Exception):
+    def __init__(self, indices: list[int]) -> None:
+        self.indices = indices
+
+
 def new_conversation_id() -> str:
     return "conv_" + secrets.token_hex(8)
 
@@ -129,10 +134,10 @@ class Ingestor:
             return IngestResult(None, "none", 0, None, messages, count, count)
         chains = chain_hashes(tenant, transcript)
         tool_names = {
-            str(call.get("id")): str((call.get("function") or {}).get("name", ""))
+            str(call.get("id")): str(call["function"].get("name", ""))
             for m in transcript
             for call in (m.get("tool_calls") or [])
-            if isinstance(call, dict)
+            if isinstance(call, dict) and isinstance(call.get("function"), dict)
         }
         explorations: dict[str, str] = {}
         explorer = self._explorer(tenant, summarizer, explorations)
@@ -153,10 +158,22 @@ class Ingestor:
             await prepare(i)
 
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
-        # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
-        conversation_id, action, appended, forked_from = await asyncio.shield(
-            self._commit(tenant, transcript, chains, conversation_key, instructions_json, prepare, explorations, model)
-        )
+        for _attempt in range(5):
+            try:
+                # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
+                conversation_id, action, appended, forked_from = await asyncio.shield(
+                    self._commit(
+                        tenant, transcript, chains, conversation_key, instructions_json, prepared, explorations, model
+                    )
+                )
+                break
+            except _NeedsPreparation as missing:
+                # Another request moved the conversation meanwhile: prepare the extra messages outside the
+                # write lock (interception may call the summarizer), then decide again.
+                for i in missing.indices:
+                    await prepare(i)
+        else:
+            raise RuntimeError("conversation kept changing during ingest")
         overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
         forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
         instruction_tokens = tokens.count_messages(instructions)
@@ -186,7 +203,7 @@ class Ingestor:
         chains: list[str],
         key: str | None,
         instructions_json: str | None,
-        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
+        prepared: dict[int, tuple[Interception, NewMessage]],
         explorations: dict[str, str],
         model: str | None,
     ) -> tuple[str, Action, int, str | None]:
@@ -224,11 +241,16 @@ class Ingestor:
                 conversation_id = conversation.id
                 if action == "append":
                     start = conversation.message_count
-                if conversation.instructions_json != instructions_json:
+                # An "earlier" re-send (a title request, a sub-agent) must not rewrite the conversation's
+                # instructions: export would pair them with messages they were never sent with.
+                if action != "earlier" and conversation.instructions_json != instructions_json:
                     await tx.set_instructions(conversation_id, instructions_json)
             if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
                 await tx.set_last_model(conversation_id, model)
-            new = [await prepare(i) for i in range(start, len(transcript))]
+            missing = [i for i in range(start, len(transcript)) if i not in prepared]
+            if missing:
+                raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
+            new = [prepared[i] for i in range(start, len(transcript))]
             for interception, _ in new:
                 for payload in interception.payloads:
                     exploration = explorations.get(payload.file_id)
@@ -317,7 +339,8 @@ def searchable_text(message: Message, interception: Interception) -> str:
             elif isinstance(part.get("refusal"), str):
                 parts.append(part["refusal"])
     for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {} if isinstance(call, dict) else {}
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
     for payload in interception.payloads:
         if payload.kind == "base64":

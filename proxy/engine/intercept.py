@@ -37,7 +37,8 @@ Path = list[str | int]
 SEGMENTS_KEY = "$lcm_segments"
 MIN_BASE64_CHARS = 1024
 
-FILE_BLOCK = re.compile(r"(<file\b([^>]*)>)(.*?)(</file>)", re.S)
+MAX_TAG_CHARS = 2048
+CLOSE_TAG = "</file>"
 ATTRIBUTE = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[\w-]+=[^;,]*)*);base64,", re.I)
 MIME_EXTENSIONS = {
@@ -128,6 +129,36 @@ def stub_text(payload: Payload, exploration: str, tool_name: str | None = None) 
     )
 
 
+@dataclass(frozen=True)
+class FileBlock:
+    start: int  # of "<file"
+    inner_start: int
+    inner_end: int
+    end: int  # after "</file>"
+    attributes: str
+
+
+def find_file_blocks(text: str) -> list[FileBlock]:
+    """``<file …>…</file>`` blocks, in one linear scan (a regex with ``.*?`` is quadratic on hostile input
+    such as thousands of unclosed ``<file>`` tags)."""
+    blocks: list[FileBlock] = []
+    position = 0
+    while True:
+        start = text.find("<file", position)
+        if start < 0:
+            return blocks
+        after = start + 5
+        closing = text.find(">", after, after + MAX_TAG_CHARS)
+        if after >= len(text) or text[after] not in " \t\r\n>" or closing < 0 or "<" in text[after:closing]:
+            position = after
+            continue
+        close = text.find(CLOSE_TAG, closing + 1)
+        if close < 0:
+            return blocks  # no closing tag anywhere after this point: no further block can close either
+        blocks.append(FileBlock(start, closing + 1, close, close + len(CLOSE_TAG), text[after:closing]))
+        position = close + len(CLOSE_TAG)
+
+
 def _attributes(tag: str) -> dict[str, str]:
     return {m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3) for m in ATTRIBUTE.finditer(tag)}
 
@@ -190,18 +221,18 @@ class Interceptor:
         forward: list[str] = []
         stored_at = forwarded_at = 0
         payloads: list[Payload] = []
-        for match in FILE_BLOCK.finditer(text):
-            inner = match.group(3)
+        for block in find_file_blocks(text):
+            inner = text[block.inner_start : block.inner_end]
             if not tokens.at_least(inner, self.large):
                 continue
-            attrs = _attributes(match.group(2))
+            attrs = _attributes(block.attributes)
             payload = self._payload(
                 inner.encode(), attrs.get("name") or "file", attrs.get("mime") or "text/plain", "file_block", inner
             )
             payloads.append(payload)
-            segments += [text[stored_at : match.start(3)], {"ref": payload.file_id}]
-            forward += [text[forwarded_at : match.start(1)], stub_text(payload, await self.explore(payload))]
-            stored_at, forwarded_at = match.end(3), match.end(4)
+            segments += [text[stored_at : block.inner_start], {"ref": payload.file_id}]
+            forward += [text[forwarded_at : block.start], stub_text(payload, await self.explore(payload))]
+            stored_at, forwarded_at = block.inner_end, block.end
         if payloads:
             segments.append(text[stored_at:])
             forward.append(text[forwarded_at:])

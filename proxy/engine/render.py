@@ -68,7 +68,8 @@ def render_message(message: Message, created_at: float, file_refs: dict[str, str
     if text:
         lines.append(text)
     for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {} if isinstance(call, dict) else {}
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         arguments = str(fn.get("arguments", ""))
         if len(arguments) > MAX_ARGUMENT_CHARS:
             arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"

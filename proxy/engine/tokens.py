@@ -73,9 +73,9 @@ def count_value(value: Any) -> int:
         if kind == "image_url":
             return IMAGE_TOKENS
         if kind in ("file", "input_audio"):
-            payload = value.get(kind) or {}
-            data = payload.get("file_data") or payload.get("data") or ""
-            return max(1, len(data) * 3 // 4 // 16)  # decoded bytes / 16: a rough, stable estimate
+            payload = value.get(kind)
+            data = (payload.get("file_data") or payload.get("data") or "") if isinstance(payload, dict) else ""
+            return max(1, len(str(data)) * 3 // 4 // 16)  # decoded bytes / 16: a rough, stable estimate
         return sum(count_value(v) for k, v in value.items() if k not in ("type", "id", "index"))
     return 0
 
@@ -83,8 +83,8 @@ def count_value(value: Any) -> int:
 def count_message(message: dict[str, Any]) -> int:
     tokens = MESSAGE_OVERHEAD + count_value(message.get("content"))
     for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        tokens += count_text(str(fn.get("name", ""))) + count_text(str(fn.get("arguments", ""))) + 3
+        if isinstance(call, dict):
+            tokens += count_value({k: v for k, v in call.items() if k != "type"}) + 3
     return tokens
 
 

@@ -132,7 +132,8 @@ migration(
     "m002_summary_dag",
     """
     CREATE TABLE summaries (
-        id TEXT PRIMARY KEY,                      -- sum_<16 hex>
+        pk INTEGER PRIMARY KEY,                   -- stable rowid for the FTS index (VACUUM keeps it)
+        id TEXT NOT NULL UNIQUE,                  -- sum_<16 hex>
         conversation_id TEXT NOT NULL REFERENCES conversations(id),
         kind TEXT NOT NULL CHECK (kind IN ('leaf', 'condensed')),
         depth INTEGER NOT NULL,
@@ -178,10 +179,13 @@ migration(
     ALTER TABLE messages ADD COLUMN compact_token_count INTEGER;
 
     CREATE VIRTUAL TABLE summaries_fts USING fts5(
-        content, content='summaries', content_rowid='rowid', tokenize='unicode61 remove_diacritics 2'
+        content, content='summaries', content_rowid='pk', tokenize='unicode61 remove_diacritics 2'
     );
     CREATE TRIGGER summaries_fts_insert AFTER INSERT ON summaries BEGIN
-        INSERT INTO summaries_fts(rowid, content) VALUES (new.rowid, new.content);
+        INSERT INTO summaries_fts(rowid, content) VALUES (new.pk, new.content);
+    END;
+    CREATE TRIGGER summaries_fts_delete AFTER DELETE ON summaries BEGIN
+        INSERT INTO summaries_fts(summaries_fts, rowid, content) VALUES ('delete', old.pk, old.content);
     END;
     """,
 )

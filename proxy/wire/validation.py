@@ -59,9 +59,15 @@ def _text_parts(parts: list[Any], param: str, allowed: set[str]) -> None:
             _expect(image, dict, f"{where}.image_url", "an object with a 'url'")
             _expect(image.get("url"), str, f"{where}.image_url.url", "a string")
         elif kind == "input_audio":
-            _expect(part.get("input_audio"), dict, f"{where}.input_audio", "an object")
+            audio = part.get("input_audio")
+            _expect(audio, dict, f"{where}.input_audio", "an object")
+            _expect(audio.get("data"), str, f"{where}.input_audio.data", "a base64 string")
         elif kind == "file":
-            _expect(part.get("file"), dict, f"{where}.file", "an object")
+            file = part.get("file")
+            _expect(file, dict, f"{where}.file", "an object")
+            for key in ("file_data", "file_id", "filename"):
+                if file.get(key) is not None:
+                    _expect(file[key], str, f"{where}.file.{key}", "a string")
 
 
 def _content(message: dict[str, Any], param: str, allowed: set[str], nullable: bool) -> None:
@@ -86,7 +92,11 @@ def _tool_calls(calls: Any, param: str) -> None:
         where = f"{param}[{i}]"
         _expect(call, dict, where, "an object")
         _expect(call.get("id"), str, f"{where}.id", "a string")
-        if call.get("type", "function") == "function":
+        kind = call.get("type", "function")
+        _expect(kind, str, f"{where}.type", "a string")
+        if kind != "function" and call.get("function") is not None:
+            _expect(call["function"], dict, f"{where}.function", "an object")
+        if kind == "function":
             fn = call.get("function")
             _expect(fn, dict, f"{where}.function", "an object")
             _expect(fn.get("name"), str, f"{where}.function.name", "a string")
