@@ -35,6 +35,7 @@ def fake_upstream(fake_upstream_server: tuple[FakeUpstream, str]) -> FakeUpstrea
     fake.stream_finished.clear()
     fake.stream_cancelled.clear()
     fake.chunks_sent = 0
+    fake.responder = None
     return fake
 
 
@@ -43,7 +44,9 @@ def upstream_url(fake_upstream_server: tuple[FakeUpstream, str]) -> str:
     return fake_upstream_server[1]
 
 
-def make_config(upstream_url: str, data_dir: Path, **general: Any) -> ProxyConfig:
+def make_config(
+    upstream_url: str, data_dir: Path, lcm: dict[str, Any] | None = None, models: list[Any] | None = None, **general: Any
+) -> ProxyConfig:
     raw: dict[str, Any] = {
         "model_list": [
             {
@@ -65,7 +68,9 @@ def make_config(upstream_url: str, data_dir: Path, **general: Any) -> ProxyConfi
             },
         ],
         "general_settings": {"data_dir": str(data_dir), "request_timeout": 5, **general},
+        "lcm_settings": lcm or {},
     }
+    raw["model_list"] += models or []
     return parse_config(raw)
 
 
@@ -85,8 +90,8 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Any]:
     """Start real proxies (uvicorn on 127.0.0.1) with a fresh data dir each; stopped after the test."""
     stack: list[Any] = []
 
-    def start(**general: Any) -> RunningProxy:
-        config = make_config(upstream_url, tmp_path / f"data{len(stack)}", **general)
+    def start(lcm: dict[str, Any] | None = None, models: list[Any] | None = None, **general: Any) -> RunningProxy:
+        config = make_config(upstream_url, tmp_path / f"data{len(stack)}", lcm, models, **general)
         app = create_app(config)
         ctx = serve_in_thread(app)
         url = ctx.__enter__()

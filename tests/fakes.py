@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,8 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.script: deque[Reply] = deque()
+        # Called with the request body when the script is empty; returns the reply (e.g. a scripted model).
+        self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self.stream_finished = threading.Event()  # set when a streaming generator ends (done or cancelled)
         self.stream_cancelled = threading.Event()
         self.chunks_sent = 0
@@ -86,7 +89,12 @@ class FakeUpstream:
     async def chat(self, request: Request) -> Response:
         body = json.loads(await request.body())
         self.requests.append(Recorded(body=body, headers=dict(request.headers)))
-        reply = self.script.popleft() if self.script else Reply(content=f"echo: {_last_user_text(body['messages'])}")
+        if self.script:
+            reply = self.script.popleft()
+        elif self.responder is not None:
+            reply = self.responder(body)
+        else:
+            reply = Reply(content=f"echo: {_last_user_text(body['messages'])}")
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.raw_body is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -104,12 +104,31 @@ class SweepReport:
     fallbacks: int = 0
     unavailable: bool = False
     deadline_hit: bool = False
+    conflict: bool = False  # another worker changed the context meanwhile; this sweep's work was dropped
     tokens_before: int = 0
     tokens_after: int = 0
 
     @property
     def changed(self) -> bool:
-        return self.stubbed or self.leaf_passes > 0 or self.condensed_passes > 0
+        return not self.conflict and (self.stubbed or self.leaf_passes > 0 or self.condensed_passes > 0)
+
+
+@dataclass
+class Plan:
+    """A sweep's working copy of one conversation's context. Passes change the plan; ``commit`` swaps the
+    whole result in with one transaction, so the assembled prefix changes once per sweep, not once per
+    pass (provider prompt caches and prefix stability depend on that)."""
+
+    conversation: ConversationRecord
+    original_ids: list[str]
+    summaries: list[SummaryRecord]
+    summarized_upto: int
+    stubbed_upto: int
+    pending: list[tuple[SummaryRecord, list[int], list[str]]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.pending) or self.stubbed_upto != self.conversation.stubbed_upto
 
 
 class Compactor:
@@ -129,7 +148,12 @@ class Compactor:
     async def context_tokens(self, conversation: ConversationRecord, count: int) -> int:
         """Tokens of the assembled messages (instructions excluded) for the first ``count`` messages."""
         summaries, upto = await self.view(conversation, count)
-        raw = await self.store.read.raw_token_sum(conversation.id, upto, count, conversation.stubbed_upto)
+        return await self._tokens(conversation.id, summaries, upto, conversation.stubbed_upto, count)
+
+    async def _tokens(
+        self, conversation_id: str, summaries: Sequence[SummaryRecord], upto: int, stubbed_upto: int, count: int
+    ) -> int:
+        raw = await self.store.read.raw_token_sum(conversation_id, upto, count, stubbed_upto)
         return sum(tokens.count_message(render_summary(s)) for s in summaries) + raw
 
     async def tail_start(self, conversation_id: str, count: int) -> int:
@@ -137,27 +161,35 @@ class Compactor:
         roles = await self.store.read.roles(conversation_id, offset, count)
         return tail_start(roles, offset, count, self.settings.fresh_tail_count)
 
-    async def stub_step(self, conversation: ConversationRecord, tail: int) -> bool:
-        if conversation.stubbed_upto >= tail:
+    async def plan(self, conversation: ConversationRecord) -> Plan:
+        summaries = await self.store.read.context_summaries(conversation.id)
+        return Plan(
+            conversation=conversation,
+            original_ids=[s.id for s in summaries],
+            summaries=list(summaries),
+            summarized_upto=conversation.summarized_upto,
+            stubbed_upto=conversation.stubbed_upto,
+        )
+
+    async def stub_step(self, plan: Plan, tail: int) -> bool:
+        if plan.stubbed_upto >= tail:
             return False
-        patches = await self.store.read.patches(conversation.id, conversation.stubbed_upto, tail)
+        patches = await self.store.read.patches(plan.conversation.id, plan.stubbed_upto, tail)
         if not any(compact for _, _, compact in patches):
             return False
-        async with self.store.write() as tx:
-            await tx.set_stubbed_upto(conversation.id, tail)
+        plan.stubbed_upto = tail
         return True
 
-    async def leaf_pass(
-        self, conversation: ConversationRecord, tail: int, summarizer: Summarizer | None
-    ) -> SummaryRecord | None:
-        start = conversation.summarized_upto
+    async def leaf_pass(self, plan: Plan, tail: int, summarizer: Summarizer | None) -> SummaryRecord | None:
+        start = plan.summarized_upto
         if start >= tail:
             return None
-        rows = await self.store.read.messages(conversation.id, start, tail)
+        conversation_id = plan.conversation.id
+        rows = await self.store.read.messages(conversation_id, start, tail)
         chunk: list[MessageRecord] = []
         total = 0
         for row in rows:
-            stubbed = row.compact_token_count is not None and row.seq < conversation.stubbed_upto
+            stubbed = row.compact_token_count is not None and row.seq < plan.stubbed_upto
             cost = row.compact_token_count if stubbed and row.compact_token_count is not None else row.token_count
             # Tool results always join their call's chunk: a cut between them would orphan one side.
             if chunk and total + cost > self.settings.leaf_chunk_tokens and row.role not in ("tool", "function"):
@@ -172,13 +204,14 @@ class Compactor:
             rendered.append(render_message(message, row.created_at))
             file_ids += [r for r in refs if r not in file_ids]
         source = "\n\n".join(rendered)
-        context = await self.store.read.context_summaries(conversation.id)
-        previous = f"<previous_context>\n{context[-1].content}\n</previous_context>\n\n" if context else ""
+        previous = (
+            f"<previous_context>\n{plan.summaries[-1].content}\n</previous_context>\n\n" if plan.summaries else ""
+        )
         target = self.settings.leaf_target_tokens
         text = await summarize(
             summarizer,
             self.guard,
-            conversation.id,
+            conversation_id,
             prompts=(leaf_prompt(target, False), leaf_prompt(target // 2, True)),
             source=f"{previous}<conversation>\n{source}\n</conversation>",
             source_tokens=tokens.count_text(source),
@@ -188,7 +221,7 @@ class Compactor:
         )
         record = SummaryRecord(
             id=new_summary_id(),
-            conversation_id=conversation.id,
+            conversation_id=conversation_id,
             kind="leaf",
             depth=0,
             start_seq=start,
@@ -204,22 +237,17 @@ class Compactor:
             escalation=text.escalation,
             created_at=time.time(),
         )
-        async with self.store.write() as tx:
-            current = await tx.conversation(None, conversation.id)
-            if current is None or current.summarized_upto != start:
-                return None  # another worker compacted meanwhile; its result stands
-            ids = [s.id for s in await tx.context_summaries(conversation.id)]
-            await tx.insert_summary(record, [row.id for row in chunk], [])
-            await tx.set_context(conversation.id, [*ids, record.id], end)
+        plan.pending.append((record, [row.id for row in chunk], []))
+        plan.summaries.append(record)
+        plan.summarized_upto = end
+        plan.stubbed_upto = max(plan.stubbed_upto, end)
         return record
 
     def _fanout(self, depth: int) -> int:
         return self.settings.leaf_min_fanout if depth == 0 else self.settings.condensed_min_fanout
 
-    async def condensed_pass(
-        self, conversation: ConversationRecord, summarizer: Summarizer | None
-    ) -> SummaryRecord | None:
-        context = await self.store.read.context_summaries(conversation.id)
+    async def condensed_pass(self, plan: Plan, summarizer: Summarizer | None) -> SummaryRecord | None:
+        context = plan.summaries
         best: tuple[int, int] | None = None  # (depth, index of the run's first summary)
         i = 0
         while i < len(context):
@@ -242,7 +270,7 @@ class Compactor:
         text = await summarize(
             summarizer,
             self.guard,
-            conversation.id,
+            plan.conversation.id,
             prompts=(condensed_prompt(depth + 1, target, False), condensed_prompt(depth + 1, target // 2, True)),
             source=f"<summaries>\n{source}\n</summaries>",
             source_tokens=source_tokens,
@@ -257,7 +285,7 @@ class Compactor:
                     file_ids.append(file_id)
         record = SummaryRecord(
             id=new_summary_id(),
-            conversation_id=conversation.id,
+            conversation_id=plan.conversation.id,
             kind="condensed",
             depth=depth + 1,
             start_seq=children[0].start_seq,
@@ -273,16 +301,31 @@ class Compactor:
             escalation=text.escalation,
             created_at=time.time(),
         )
-        ids = [s.id for s in context]
-        async with self.store.write() as tx:
-            if [s.id for s in await tx.context_summaries(conversation.id)] != ids:
-                return None
-            current = await tx.conversation(None, conversation.id)
-            assert current is not None
-            await tx.insert_summary(record, [], [c.id for c in children])
-            new_ids = [*ids[:first], record.id, *ids[first + len(children) :]]
-            await tx.set_context(conversation.id, new_ids, current.summarized_upto)
+        plan.pending.append((record, [], [c.id for c in children]))
+        plan.summaries[first : first + len(children)] = [record]
         return record
+
+    async def commit(self, plan: Plan) -> bool:
+        """Swap the plan in: new summaries, their source links and the new context, in one transaction —
+        unless the context changed since the plan was made (another worker compacted meanwhile)."""
+        if not plan.changed:
+            return True
+        conversation_id = plan.conversation.id
+        async with self.store.write() as tx:
+            current = await tx.conversation(None, conversation_id)
+            ids = [s.id for s in await tx.context_summaries(conversation_id)]
+            if (
+                current is None
+                or ids != plan.original_ids
+                or current.summarized_upto != plan.conversation.summarized_upto
+                or current.stubbed_upto != plan.conversation.stubbed_upto
+            ):
+                return False
+            for record, message_ids, child_ids in plan.pending:
+                await tx.insert_summary(record, message_ids, child_ids)
+            await tx.set_context(conversation_id, [s.id for s in plan.summaries], plan.summarized_upto)
+            await tx.set_stubbed_upto(conversation_id, plan.stubbed_upto)
+        return True
 
     async def sweep(
         self,
@@ -292,15 +335,18 @@ class Compactor:
         count: int | None = None,
         target_tokens: int | None = None,
     ) -> SweepReport:
-        """Passes until under ``target_tokens`` (or, without a target, until nothing is left to compact)."""
+        """Passes until under ``target_tokens`` (or, without a target, until nothing is left to compact),
+        bounded by an iteration cap and a deadline; the result is committed at once."""
         report = SweepReport()
+        conversation = await self.store.read.conversation(None, conversation_id)
+        if conversation is None:
+            return report
+        n = conversation.message_count if count is None else count
+        plan = await self.plan(conversation)
         deadline = time.monotonic() + self.settings.sweep_deadline_seconds
+        tail = await self.tail_start(conversation_id, n)
         for iteration in range(self.settings.max_sweep_iterations + 1):
-            conversation = await self.store.read.conversation(None, conversation_id)
-            if conversation is None:
-                break
-            n = conversation.message_count if count is None else count
-            current = await self.context_tokens(conversation, n)
+            current = await self._tokens(conversation_id, plan.summaries, plan.summarized_upto, plan.stubbed_upto, n)
             if iteration == 0:
                 report.tokens_before = current
             report.tokens_after = current
@@ -311,16 +357,15 @@ class Compactor:
             if time.monotonic() > deadline:
                 report.deadline_hit = True
                 break
-            tail = await self.tail_start(conversation_id, n)
-            if await self.stub_step(conversation, tail):
+            if await self.stub_step(plan, tail):
                 report.stubbed = True
                 continue
             try:
-                made = await self.leaf_pass(conversation, tail, summarizer)
+                made = await self.leaf_pass(plan, tail, summarizer)
                 if made is not None:
                     report.leaf_passes += 1
                 else:
-                    made = await self.condensed_pass(conversation, summarizer)
+                    made = await self.condensed_pass(plan, summarizer)
                     report.condensed_passes += made is not None
                 if made is not None:
                     report.fallbacks += made.escalation == 2
@@ -328,4 +373,7 @@ class Compactor:
             except SummarizerUnavailable:
                 report.unavailable = True
             break
+        if not await self.commit(plan):
+            report.conflict = True
+            report.tokens_after = report.tokens_before
         return report

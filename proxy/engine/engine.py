@@ -177,7 +177,7 @@ class ContextEngine:
             kept.append(message)
         return [*instructions, *rendered, *kept]
 
-    def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
+    async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
         """Start a background compaction if the request crossed the soft threshold (one per conversation)."""
         if prepared.compaction != "scheduled" or prepared.conversation_id is None:
             return False

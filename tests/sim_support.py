@@ -1,0 +1,113 @@
+"""A scripted model and a realistic client for compaction simulations against the real proxy."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine import tokens
+from proxy.store.sqlite import SQLiteStore
+from tests.fakes import Reply
+
+SUMMARY_MARKERS = ("You compress part of a conversation", "You merge", "You describe documents")
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    first = body["messages"][0]
+    return first.get("role") == "system" and any(str(first.get("content", "")).startswith(m) for m in SUMMARY_MARKERS)
+
+
+@dataclass
+class ScriptedModel:
+    """Chat turns: a short answer, or parallel tool calls when the user asks for tools. Summaries: the first
+    words of each source section, well under the target size."""
+
+    summary_calls: int = 0
+    chat_calls: int = 0
+    summary_words: int = 60
+    fail_summaries_with: int | None = None  # an HTTP status to answer summary requests with
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_summary_request(body):
+            self.summary_calls += 1
+            if self.fail_summaries_with is not None:
+                return Reply(status=self.fail_summaries_with, error_message="summarizer unavailable")
+            source = body["messages"][-1]["content"]
+            words = re.findall(r"[A-Za-z0-9_]+", source)[: self.summary_words]
+            return Reply(content="Summary: " + " ".join(words))
+        self.chat_calls += 1
+        last = body["messages"][-1]
+        if last.get("role") == "user" and "use tools" in str(last.get("content")):
+            n = self.chat_calls
+            calls = [
+                {"id": f"call_{n}_a", "type": "function", "function": {"name": "search", "arguments": f'{{"q": "topic {n}"}}'}},
+                {"id": f"call_{n}_b", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "f{n}.txt"}}'}},
+            ]
+            return Reply(content=None, tool_calls=calls)
+        return Reply(content=f"Answer number {self.chat_calls}: noted, continuing with the plan.")
+
+
+def check_tool_pairing(messages: list[dict[str, Any]]) -> None:
+    """Every tool result follows its call; every call has all its results; nothing orphaned."""
+    pending: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            assert message["tool_call_id"] in pending, f"orphan tool result at {i}"
+            pending.discard(message["tool_call_id"])
+            continue
+        assert not pending, f"dangling tool calls {pending} before message {i}"
+        for call in message.get("tool_calls") or []:
+            pending.add(call["id"])
+    assert not pending, f"dangling tool calls {pending} at the end"
+
+
+async def unreachable_messages(store: SQLiteStore, conversation_id: str) -> set[int]:
+    """Stored messages of the conversation that the active context does not reach through the DAG."""
+    q = store.read
+    conversation = await q.conversation(None, conversation_id)
+    assert conversation is not None
+    rows = await q.messages(conversation_id)
+    reached: set[int] = {r.seq for r in rows if r.seq >= conversation.summarized_upto}
+    stack = [s.id for s in await q.context_summaries(conversation_id)]
+    while stack:
+        summary_id = stack.pop()
+        summary = await q.summary(summary_id)
+        assert summary is not None
+        async with q.conn.execute(
+            "SELECT m.seq, ss.child_summary_id FROM summary_sources ss LEFT JOIN messages m ON m.id = ss.message_id"
+            " WHERE ss.summary_id = ? ORDER BY ss.ordinal",
+            (summary_id,),
+        ) as cursor:
+            for seq, child in await cursor.fetchall():
+                if child:
+                    stack.append(child)
+                else:
+                    reached.add(seq)
+    return {r.seq for r in rows} - reached
+
+
+@dataclass
+class Stats:
+    forwarded: list[list[dict[str, Any]]] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)
+
+    def breaks(self) -> list[int]:
+        return [i + 1 for i, (a, b) in enumerate(zip(self.forwarded, self.forwarded[1:], strict=False)) if b[: len(a)] != a]
+
+    def prefix_stability(self) -> float:
+        pairs = list(zip(self.forwarded, self.forwarded[1:], strict=False))
+        if not pairs:
+            return 1.0
+        extends = sum(1 for a, b in pairs if b[: len(a)] == a)
+        return extends / len(pairs)
+
+
+def forwarded_tokens(body: dict[str, Any]) -> int:
+    total = tokens.count_messages(body["messages"])
+    if body.get("tools"):
+        import orjson
+
+        total += tokens.count_text(orjson.dumps(body["tools"]).decode())
+    return total
