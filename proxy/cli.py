@@ -109,6 +109,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         tenant=args.tenant,
         limit=getattr(args, "limit", 100),
         conversation_id=getattr(args, "conversation_id", None),
+        model=getattr(args, "model", None),
     )
 
 
@@ -147,13 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int, default=100, help="at most this many, newest first (default: 100)")
     listing.set_defaults(func=cmd_operator)
     for name, text in (
-        ("show", "show one conversation and its messages"),
+        ("show", "show one conversation: its summary DAG and messages"),
         ("export", "print a conversation's original transcript as JSON (stored files restored)"),
+        ("compact", "run a full compaction sweep on a conversation now"),
     ):
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...)")
         add_config(p)
         p.add_argument("--tenant", help="refuse a conversation of another tenant")
+        if name == "compact":
+            p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
         p.set_defaults(func=cmd_operator)
     return parser
 

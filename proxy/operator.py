@@ -7,6 +7,7 @@ tenant; ``--tenant`` narrows the view.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,8 +17,11 @@ import orjson
 
 from proxy.config import ProxyConfig
 from proxy.engine.ingest import export_conversation
-from proxy.store.files import FileStore
+from proxy.store.files import FileStore, UnsafePathError
+from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite import DB_NAME, SQLiteStore
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _when(timestamp: float) -> str:
@@ -29,6 +33,8 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    # Client text reaches the operator's terminal: never let it carry escape sequences.
+    lines = [CONTROL_CHARACTERS.sub("?", line) for line in lines]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -69,6 +75,11 @@ class Operator:
             f"  last activity: {_when(c.updated_at)}",
             "",
         ]
+        lines.append(f"  context:       {await self._context_line(c)}")
+        dag = await self._dag_lines(c.id)
+        if dag:
+            lines += ["", "summary DAG (active context, oldest first):", *dag]
+        lines.append("")
         rows = []
         for m in await self.store.read.messages(c.id):
             flags = ("stub " if m.forward_json else "") + ("file " if m.payload_paths else "")
@@ -76,6 +87,56 @@ class Operator:
             rows.append([str(m.seq), m.role, str(m.token_count), flags.strip(), preview])
         lines.append(_table(rows, ["seq", "role", "tokens", "stored", "text"]))
         return "\n".join(lines)
+
+    async def _context_line(self, c: ConversationRecord) -> str:
+        summaries = await self.store.read.context_summaries(c.id)
+        return (
+            f"{len(summaries)} summaries covering messages 0-{c.summarized_upto - 1}, then raw messages"
+            f" {c.summarized_upto}-{c.message_count - 1}; tool results stubbed before {c.stubbed_upto}"
+            if summaries
+            else f"raw messages 0-{c.message_count - 1} (nothing compacted)"
+        )
+
+    async def _dag_lines(self, conversation_id: str) -> list[str]:
+        lines: list[str] = []
+
+        async def walk(summary: SummaryRecord, indent: int) -> None:
+            fallback = " fallback" if summary.escalation == 2 else (" aggressive" if summary.escalation == 1 else "")
+            lines.append(
+                f"{'  ' * indent}- {summary.id} {summary.kind} d{summary.depth} messages {summary.start_seq}-"
+                f"{summary.end_seq - 1} {summary.token_count} tokens (from {summary.source_token_count}){fallback}"
+                f" {_when(summary.earliest_at)} .. {_when(summary.latest_at)}"
+            )
+            for child in await self.store.read.child_summaries(summary.id):
+                await walk(child, indent + 1)
+
+        for summary in await self.store.read.context_summaries(conversation_id):
+            await walk(summary, 1)
+        return lines
+
+    async def compact(self, conversation_id: str, tenant: str | None, model: str | None, config: ProxyConfig) -> str:
+        from proxy.engine.engine import ContextEngine
+        from proxy.routing import ModelRouter
+        from proxy.summarizer import UpstreamSummarizer
+        from proxy.upstream import Upstream
+
+        c = await self.store.read.conversation(tenant, conversation_id)
+        if c is None:
+            raise LookupError(f"no conversation {conversation_id}")
+        alias = model or config.lcm_settings.summary_model or c.last_model
+        if alias is None:
+            raise LookupError("no summary model: pass --model, or set lcm_settings.summary_model")
+        target = ModelRouter(config.model_list).resolve(alias)
+        summarizer = UpstreamSummarizer(Upstream(config.general_settings), target, config.lcm_settings.summary_timeout)
+        engine = ContextEngine(self.store, self.files, config.lcm_settings)
+        report = await engine.compactor.sweep(c.id, summarizer)
+        return (
+            f"compacted {c.id} with {alias}: {report.leaf_passes} leaf and {report.condensed_passes} condensed"
+            f" passes{' (tool results stubbed)' if report.stubbed else ''}, {report.fallbacks} fallback(s),"
+            f" context {report.tokens_before} -> {report.tokens_after} tokens"
+            + (" [summary model refused credentials]" if report.unavailable else "")
+            + (" [conflict: another process compacted meanwhile]" if report.conflict else "")
+        )
 
     async def export(self, conversation_id: str, tenant: str | None) -> list[Any]:
         if await self.store.read.conversation(tenant, conversation_id) is None:
@@ -90,6 +151,8 @@ def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
                 print(await op.conversations(kwargs.get("tenant"), kwargs.get("limit", 100)))
             elif command == "show":
                 print(await op.show(kwargs["conversation_id"], kwargs.get("tenant")))
+            elif command == "compact":
+                print(await op.compact(kwargs["conversation_id"], kwargs.get("tenant"), kwargs.get("model"), config))
             elif command == "export":
                 data = await op.export(kwargs["conversation_id"], kwargs.get("tenant"))
                 sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
@@ -98,8 +161,11 @@ def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
 
     try:
         return asyncio.run(main())
-    except (LookupError, FileNotFoundError) as exc:
+    except LookupError as exc:
         print(f"lcm-proxy: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    except (OSError, UnsafePathError) as exc:
+        print(f"lcm-proxy: {exc}", file=sys.stderr)
         return 1
 
 

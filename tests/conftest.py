@@ -45,7 +45,11 @@ def upstream_url(fake_upstream_server: tuple[FakeUpstream, str]) -> str:
 
 
 def make_config(
-    upstream_url: str, data_dir: Path, lcm: dict[str, Any] | None = None, models: list[Any] | None = None, **general: Any
+    upstream_url: str,
+    data_dir: Path,
+    lcm: dict[str, Any] | None = None,
+    models: list[Any] | None = None,
+    **general: Any,
 ) -> ProxyConfig:
     raw: dict[str, Any] = {
         "model_list": [

@@ -41,8 +41,16 @@ class ScriptedModel:
         if last.get("role") == "user" and "use tools" in str(last.get("content")):
             n = self.chat_calls
             calls = [
-                {"id": f"call_{n}_a", "type": "function", "function": {"name": "search", "arguments": f'{{"q": "topic {n}"}}'}},
-                {"id": f"call_{n}_b", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "f{n}.txt"}}'}},
+                {
+                    "id": f"call_{n}_a",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": f'{{"q": "topic {n}"}}'},
+                },
+                {
+                    "id": f"call_{n}_b",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": f'{{"path": "f{n}.txt"}}'},
+                },
             ]
             return Reply(content=None, tool_calls=calls)
         return Reply(content=f"Answer number {self.chat_calls}: noted, continuing with the plan.")
@@ -94,7 +102,9 @@ class Stats:
     headers: list[str] = field(default_factory=list)
 
     def breaks(self) -> list[int]:
-        return [i + 1 for i, (a, b) in enumerate(zip(self.forwarded, self.forwarded[1:], strict=False)) if b[: len(a)] != a]
+        return [
+            i + 1 for i, (a, b) in enumerate(zip(self.forwarded, self.forwarded[1:], strict=False)) if b[: len(a)] != a
+        ]
 
     def prefix_stability(self) -> float:
         pairs = list(zip(self.forwarded, self.forwarded[1:], strict=False))

@@ -17,11 +17,22 @@ from proxy.engine.canonical import split_instructions
 from proxy.store.sqlite import SQLiteStore
 from tests.conftest import RunningProxy
 from tests.fakes import FakeUpstream
-from tests.sim_support import ScriptedModel, Stats, check_tool_pairing, forwarded_tokens, is_summary_request, unreachable_messages
+from tests.sim_support import (
+    ScriptedModel,
+    Stats,
+    check_tool_pairing,
+    forwarded_tokens,
+    is_summary_request,
+    unreachable_messages,
+)
 
 WINDOW = 8000
 MAX_TOKENS = 400
-SMALL_MODEL = {"model_name": "small", "litellm_params": {"model": "openai/small"}, "model_info": {"max_input_tokens": WINDOW}}
+SMALL_MODEL = {
+    "model_name": "small",
+    "litellm_params": {"model": "openai/small"},
+    "model_info": {"max_input_tokens": WINDOW},
+}
 SIM_LCM = {
     "fresh_tail_count": 8,
     "leaf_chunk_tokens": 1500,
@@ -37,17 +48,26 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
 
 
 def start_sim_proxy(proxy_factory: Any, upstream_url: str, **lcm: Any) -> RunningProxy:
-    model = {**SMALL_MODEL, "litellm_params": {**SMALL_MODEL["litellm_params"], "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"}}
+    model = {
+        **SMALL_MODEL,
+        "litellm_params": {**SMALL_MODEL["litellm_params"], "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"},
+    }
     return proxy_factory(lcm={**SIM_LCM, **lcm}, models=[model])  # type: ignore[no-any-return]
 
 
 def user_turn(turn: int) -> dict[str, Any]:
     if turn % 25 == 7:  # a pasted file, large enough to be stubbed even in the fresh tail
         body = "".join(f"record {turn}-{i}: value {i * 13 % 97} status ok\n" for i in range(900))
-        return {"role": "user", "content": f'Look at this file <file name="data{turn}.txt" mime="text/plain">{body}</file> please.'}
+        return {
+            "role": "user",
+            "content": f'Look at this file <file name="data{turn}.txt" mime="text/plain">{body}</file> please.',
+        }
     if turn % 6 == 3:
         return {"role": "user", "content": f"Turn {turn}: use tools to look up topic {turn}."}
-    return {"role": "user", "content": f"Turn {turn}: here is my next thought about the project, detail {turn * 31 % 101}. " * 3}
+    return {
+        "role": "user",
+        "content": f"Turn {turn}: here is my next thought about the project, detail {turn * 31 % 101}. " * 3,
+    }
 
 
 def tool_result(call: dict[str, Any], turn: int) -> dict[str, Any]:
@@ -56,7 +76,9 @@ def tool_result(call: dict[str, Any], turn: int) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call["id"], "content": text}
 
 
-def test_three_hundred_turns_stay_bounded_and_lossless(proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream) -> None:
+def test_three_hundred_turns_stay_bounded_and_lossless(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+) -> None:
     model = ScriptedModel()
     fake_upstream.responder = model
     proxy = start_sim_proxy(proxy_factory, upstream_url)
@@ -71,7 +93,10 @@ def test_three_hundred_turns_stay_bounded_and_lossless(proxy_factory: Any, upstr
             transcript.append(user_turn(turn))
             for _round in range(3):  # answer tool calls until the model replies with text
                 before = len(fake_upstream.requests)
-                response = client.post("/chat/completions", json={"model": "small", "messages": transcript, "tools": TOOLS, "max_tokens": MAX_TOKENS})
+                response = client.post(
+                    "/chat/completions",
+                    json={"model": "small", "messages": transcript, "tools": TOOLS, "max_tokens": MAX_TOKENS},
+                )
                 assert response.status_code == 200, response.text
                 conversation_id = conversation_id or response.headers["x-lcm-conversation-id"]
                 assert response.headers["x-lcm-conversation-id"] == conversation_id
@@ -90,12 +115,14 @@ def test_three_hundred_turns_stay_bounded_and_lossless(proxy_factory: Any, upstr
                     assert sent["messages"][-1]["content"].startswith("Look at this file [LCM File: file_")
                 else:
                     assert sent["messages"][-1] == newest
-                has_summary = any(str(m.get("content", "")).startswith("<summary id=\"sum_") for m in sent["messages"])
+                has_summary = any(str(m.get("content", "")).startswith('<summary id="sum_') for m in sent["messages"])
                 summaries_seen = summaries_seen or has_summary
                 if summaries_seen:
                     assert has_summary, f"turn {turn}: summaries vanished from the context"
                 stats.forwarded.append(sent["messages"])
-                stats.headers.append(response.headers["x-lcm-compaction"] + "/" + response.headers["x-lcm-tokens-forwarded"])
+                stats.headers.append(
+                    response.headers["x-lcm-compaction"] + "/" + response.headers["x-lcm-tokens-forwarded"]
+                )
                 message = response.json()["choices"][0]["message"]
                 transcript.append({k: v for k, v in message.items() if v is not None})
                 if not message.get("tool_calls"):

@@ -1,0 +1,274 @@
+"""Compaction engine against a real SQLite store: summarizer failure modes, budgets, eviction, forks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import LcmSettings
+from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.ingest import export_conversation
+from proxy.engine.summarize import TRUNCATION_MARKER
+from proxy.errors import ContextLengthExceeded, UpstreamError
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
+from tests.engine_support import assistant, run, user
+from tests.sim_support import check_tool_pairing, unreachable_messages
+
+SETTINGS = LcmSettings(
+    fresh_tail_count=4,
+    leaf_chunk_tokens=400,
+    leaf_target_tokens=60,
+    condensed_target_tokens=80,
+    leaf_min_fanout=3,
+    condensed_min_fanout=2,
+    tool_result_token_threshold=100,
+    large_file_token_threshold=2000,
+    fallback_max_tokens=60,
+    summary_timeout=0.5,
+)
+
+
+class Scripted:
+    """A summarizer whose behaviour each test chooses."""
+
+    model = "summary-model"
+
+    def __init__(self, behaviour: str = "ok") -> None:
+        self.behaviour = behaviour
+        self.calls = 0
+
+    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+        self.calls += 1
+        match self.behaviour:
+            case "ok":
+                return "Short summary of the discussion."
+            case "timeout":
+                await asyncio.sleep(5)
+            case "401":
+                raise UpstreamError("Incorrect API key provided", status=401)
+            case "500":
+                raise UpstreamError("The server had an error", status=500)
+            case "empty":
+                return ""
+            case "longer":
+                return user + " and even more words " * 50
+            case "reasoning":
+                return "<think>I should summarise this carefully, the user talked about many things.</think>"
+        raise AssertionError(self.behaviour)
+
+    async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
+        return "A document."
+
+
+def long_turns(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        out.append(user(f"Question {i}: " + "please consider the following details carefully. " * 6))
+        out.append(assistant(f"Answer {i}: " + "here is a thorough response with several points. " * 6))
+    return out
+
+
+async def open_context_engine(
+    data_dir: Path, settings: LcmSettings = SETTINGS
+) -> tuple[ContextEngine, SQLiteStore, FileStore]:
+    store = SQLiteStore(data_dir)
+    await store.open()
+    files = FileStore(data_dir)
+    return ContextEngine(store, files, settings), store, files
+
+
+BIG = Budget(window=100_000, output_reserve=1000, tools=0)
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "timeout", "500", "empty", "longer", "reasoning"])
+def test_summarizer_failures_fall_back_and_stay_usable(tmp_path: Path, behaviour: str) -> None:
+    async def scenario() -> None:
+        engine, store, files = await open_context_engine(tmp_path)
+        summarizer = Scripted(behaviour)
+        transcript = long_turns(12)
+        prepared = await engine.prepare("t", transcript, BIG, summarizer)
+        report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        assert report.leaf_passes >= 2 and not report.unavailable
+        assert report.tokens_after < report.tokens_before
+        summaries = await store.read.context_summaries(prepared.conversation_id or "")
+        assert summaries
+        if behaviour == "ok":
+            assert all(
+                s.escalation == 0 and s.content == "Short summary of the discussion."
+                for s in summaries
+                if s.kind == "leaf"
+            )
+        else:
+            leaves = [s for s in summaries if s.kind == "leaf"]
+            assert all(s.escalation == 2 and s.content.endswith(TRUNCATION_MARKER) for s in leaves)
+            assert all(s.token_count <= SETTINGS.fallback_max_tokens for s in leaves)
+            assert "<think>" not in "".join(s.content for s in summaries)
+        # Still usable: the next request assembles summaries + tail, and export is lossless.
+        nxt = [*transcript, user("and now?")]
+        again = await engine.prepare("t", nxt, BIG, summarizer)
+        assert str(again.messages[0]["content"]).startswith('<summary id="sum_')
+        assert again.messages[-1] == nxt[-1]
+        assert await export_conversation(store, files, "t", again.conversation_id or "") == nxt
+        assert await unreachable_messages(store, again.conversation_id or "") == set()
+        await store.close()
+
+    run(scenario())
+
+
+def test_auth_failure_writes_no_summary_and_opens_breaker(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("401")
+        prepared = await engine.prepare("t", long_turns(12), BIG, summarizer)
+        report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        assert report.unavailable and report.leaf_passes == 0
+        assert await store.read.context_summaries(prepared.conversation_id or "") == []
+        calls = summarizer.calls
+        report2 = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        assert report2.unavailable and summarizer.calls == calls  # breaker open: no further call
+        await store.close()
+
+    run(scenario())
+
+
+def test_hard_budget_compacts_inline_and_fits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        transcript = long_turns(30)
+        budget = Budget(window=2500, output_reserve=300, tools=0)
+        prepared = await engine.prepare("t", transcript, budget, summarizer)
+        assert prepared.compaction == "inline"
+        assert prepared.tokens_forwarded <= budget.window - budget.output_reserve
+        assert prepared.messages[-4:] == transcript[-4:]
+        check_tool_pairing(prepared.messages)
+        await store.close()
+
+    run(scenario())
+
+
+def test_summarizer_down_evicts_from_view_not_from_store(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, files = await open_context_engine(tmp_path)
+        summarizer = Scripted("401")
+        transcript = long_turns(30)
+        budget = Budget(window=2500, output_reserve=300, tools=0)
+        prepared = await engine.prepare("t", transcript, budget, summarizer)
+        assert prepared.compaction == "evicted"
+        assert prepared.tokens_forwarded <= budget.window - budget.output_reserve
+        assert prepared.messages[-1] == transcript[-1]
+        check_tool_pairing(prepared.messages)
+        assert await export_conversation(store, files, "t", prepared.conversation_id or "") == transcript
+        await store.close()
+
+    run(scenario())
+
+
+def test_tail_that_cannot_fit_is_context_length_exceeded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        transcript = [user("x " * 1500)]  # under the huge-paste threshold (2000), over this budget
+        with pytest.raises(ContextLengthExceeded) as info:
+            await engine.prepare("t", transcript, Budget(window=1200, output_reserve=200, tools=0), Scripted("ok"))
+        assert info.value.code == "context_length_exceeded" and info.value.status == 400
+        assert "fresh tail" in info.value.message and "tokens" in info.value.message
+        await store.close()
+
+    run(scenario())
+
+
+def test_tool_pairs_never_split_by_compaction(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        transcript: list[dict[str, Any]] = []
+        for i in range(25):
+            calls = [
+                {"id": f"c{i}_{j}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                for j in range(3)
+            ]
+            transcript += [user(f"q{i} " * 20), {"role": "assistant", "content": None, "tool_calls": calls}]
+            transcript += [
+                {"role": "tool", "tool_call_id": c["id"], "content": f"result {c['id']} " * 40} for c in calls
+            ]
+            transcript.append(assistant(f"a{i} " * 20))
+            budget = Budget(window=3000, output_reserve=200, tools=0)
+            prepared = await engine.prepare("t", transcript, budget, summarizer)
+            check_tool_pairing(prepared.messages)
+            assert prepared.tokens_forwarded <= 2800
+            await engine.after_response(prepared, summarizer)
+            await engine.wait_idle()
+        summaries = await store.read.context_summaries(prepared.conversation_id or "")
+        assert summaries
+        for s in summaries:  # every summary boundary is a message that is not a tool result
+            assert transcript[s.end_seq]["role"] != "tool"
+        await store.close()
+
+    run(scenario())
+
+
+def test_zero_cost_below_threshold(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        transcript = [{"role": "system", "content": "sys"}, user("hello")]
+        for i in range(10):
+            prepared = await engine.prepare("t", transcript, BIG, summarizer)
+            assert prepared.messages is transcript and prepared.compaction == "none"
+            assert not await engine.after_response(prepared, summarizer)
+            transcript = [*transcript, assistant(f"a{i}"), user(f"u{i}")]
+        assert summarizer.calls == 0
+        await store.close()
+
+    run(scenario())
+
+
+def test_fork_shares_summaries_of_the_common_prefix(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, files = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        transcript = long_turns(20)
+        first = await engine.prepare("t", transcript, BIG, summarizer)
+        await engine.compactor.sweep(first.conversation_id or "", summarizer)
+        parent_summaries = await store.read.context_summaries(first.conversation_id or "")
+        assert parent_summaries
+        calls = summarizer.calls
+        edited = [*transcript[:-3], user("a different question")]
+        fork = await engine.prepare("t", edited, BIG, summarizer)
+        assert fork.conversation_id != first.conversation_id
+        shared = await store.read.context_summaries(fork.conversation_id or "")
+        assert shared and {s.id for s in shared} <= {s.id for s in parent_summaries} | {
+            c.id for p in parent_summaries for c in await store.read.child_summaries(p.id)
+        }
+        assert summarizer.calls == calls  # nothing summarised twice
+        assert str(fork.messages[0]["content"]).startswith("<summary")
+        assert fork.messages[-1] == edited[-1]
+        assert await export_conversation(store, files, "t", fork.conversation_id or "") == edited
+        await store.close()
+
+    run(scenario())
+
+
+def test_condensed_nodes_link_to_children(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        prepared = await engine.prepare("t", long_turns(40), BIG, summarizer)
+        for _ in range(4):
+            await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        context = await store.read.context_summaries(prepared.conversation_id or "")
+        condensed = [s for s in context if s.kind == "condensed"]
+        assert condensed, [s.kind for s in context]
+        for node in condensed:
+            children = await store.read.child_summaries(node.id)
+            assert len(children) >= 2 and all(c.depth == node.depth - 1 for c in children)
+            assert (node.start_seq, node.end_seq) == (children[0].start_seq, children[-1].end_seq)
+            assert node.descendant_count == sum(c.descendant_count + 1 for c in children)
+        assert await unreachable_messages(store, prepared.conversation_id or "") == set()
+        await store.close()
+
+    run(scenario())
