@@ -6,9 +6,9 @@ import argparse
 import os
 import platform
 
-from bench import ingest
+from bench import compaction, ingest
 
-BENCHMARKS = {"ingest": ingest.main}
+BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main}
 
 
 def main() -> None:

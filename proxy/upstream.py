@@ -48,6 +48,7 @@ TRANSLATED_PARAMS = frozenset(
     }
 )  # fmt: skip
 _NOISE_KEYS = ("provider_specific_fields", "citations")
+PLACEHOLDER_MESSAGES = [{"role": "user", "content": "(lcm-proxy sends the messages in extra_body)"}]
 
 _litellm: Any = None
 
@@ -279,8 +280,6 @@ class Upstream:
             params["api_key"] = "no-key-configured"
         kwargs: dict[str, Any] = {
             **params,
-            # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
-            "messages": copy.deepcopy(body["messages"]),
             "stream": stream,
             "timeout": http_timeout,
             "max_retries": 0,
@@ -291,8 +290,14 @@ class Upstream:
             kwargs["stream_options"] = copy.deepcopy(body["stream_options"])
         extras = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
         if _is_passthrough(self._litellm, params):
-            kwargs["extra_body"] = {**copy.deepcopy(extras), "messages": copy.deepcopy(body["messages"])}
+            # The real messages ride in extra_body, which the OpenAI SDK merges into the JSON last. LiteLLM
+            # and the SDK only see a placeholder: the SDK's recursive TypedDict transform of ``messages`` costs
+            # ~0.14 ms per message (140 ms for 1,000), and LiteLLM's rewrites must not reach the wire anyway.
+            kwargs["messages"] = PLACEHOLDER_MESSAGES
+            kwargs["extra_body"] = {**copy.deepcopy(extras), "messages": body["messages"]}
         else:
+            # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
+            kwargs["messages"] = copy.deepcopy(body["messages"])
             # Native providers: LiteLLM translates the OpenAI parameters it knows; the rest go as-is.
             kwargs.update({k: copy.deepcopy(v) for k, v in extras.items() if k in TRANSLATED_PARAMS})
             rest = {k: v for k, v in extras.items() if k not in TRANSLATED_PARAMS}

@@ -35,6 +35,9 @@ def canonical(value: Any) -> Any:
 
 
 def canonical_bytes(message: Message) -> bytes:
+    # Fast path for the common shape (only non-empty strings, e.g. role + content): already canonical.
+    if all(type(v) is str and v for v in message.values()):
+        return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
     return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
 
 

@@ -109,8 +109,10 @@ class ContextEngine:
         assembled = await self._assemble(conversation, instructions, transcript, ingested)
         if current > limit:
             compaction = "evicted"
-            assembled = await self._evict(conversation, instructions, transcript, budget, instruction_tokens)
-        forwarded = ingested.tokens_forwarded if assembled is ingested.messages else tokens.count_messages(assembled)
+            assembled, current = await self._evict(conversation, instructions, transcript, budget, instruction_tokens)
+        # From stored per-message counts: re-tokenizing a long context on every request would cost more than
+        # everything else the proxy does.
+        forwarded = ingested.tokens_forwarded if assembled is ingested.messages else instruction_tokens + current + 3
         return Prepared(conversation.id, assembled, ingested.tokens_sent, forwarded, compaction, limit)
 
     async def _assemble(
@@ -139,7 +141,7 @@ class ContextEngine:
         transcript: Messages,
         budget: Budget,
         instruction_tokens: int,
-    ) -> Messages:
+    ) -> tuple[Messages, int]:
         """Drop the oldest material from the assembled view (never from the store) until it fits."""
         limit = budget.for_messages(instruction_tokens)
         count = len(transcript)
@@ -175,7 +177,7 @@ class ContextEngine:
             if seq in compact:
                 message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
             kept.append(message)
-        return [*instructions, *rendered, *kept]
+        return [*instructions, *rendered, *kept], total
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
         """Start a background compaction if the request crossed the soft threshold (one per conversation)."""

@@ -79,6 +79,9 @@ class _NeedsPreparation(Exception):
         self.indices = indices
 
 
+TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a plain re-send refreshes it
+
+
 def new_conversation_id() -> str:
     return "conv_" + secrets.token_hex(8)
 
@@ -158,22 +161,23 @@ class Ingestor:
             await prepare(i)
 
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
-        for _attempt in range(5):
-            try:
-                # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
-                conversation_id, action, appended, forked_from = await asyncio.shield(
-                    self._commit(
-                        tenant, transcript, chains, conversation_key, instructions_json, prepared, explorations, model
-                    )
-                )
-                break
-            except _NeedsPreparation as missing:
-                # Another request moved the conversation meanwhile: prepare the extra messages outside the
-                # write lock (interception may call the summarizer), then decide again.
-                for i in missing.indices:
-                    await prepare(i)
+        guess = first_guess.conversation
+        action_guess = first_guess.action(len(transcript))
+        action: Action
+        if (
+            guess is not None
+            and action_guess in ("same", "earlier")
+            and (action_guess == "earlier" or guess.instructions_json == instructions_json)
+            and (model is None or guess.last_model == model)
+            and time.time() - guess.updated_at < TOUCH_INTERVAL
+        ):
+            # A retry of what is stored: nothing to write, so no write transaction (the hot path of clients
+            # that re-send the same transcript, and of every multi-round tool loop).
+            conversation_id, action, appended, forked_from = guess.id, action_guess, 0, None
         else:
-            raise RuntimeError("conversation kept changing during ingest")
+            conversation_id, action, appended, forked_from = await self._write(
+                tenant, transcript, chains, conversation_key, instructions_json, prepared, prepare, explorations, model
+            )
         overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
         forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
         instruction_tokens = tokens.count_messages(instructions)
@@ -195,6 +199,33 @@ class Ingestor:
             tokens_sent=sent_tokens + instruction_tokens,
             tokens_forwarded=forwarded_tokens + instruction_tokens,
         )
+
+    async def _write(
+        self,
+        tenant: str,
+        transcript: Messages,
+        chains: list[str],
+        conversation_key: str | None,
+        instructions_json: str | None,
+        prepared: dict[int, tuple[Interception, NewMessage]],
+        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
+        explorations: dict[str, str],
+        model: str | None,
+    ) -> tuple[str, Action, int, str | None]:
+        for _attempt in range(5):
+            try:
+                # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
+                return await asyncio.shield(
+                    self._commit(
+                        tenant, transcript, chains, conversation_key, instructions_json, prepared, explorations, model
+                    )
+                )
+            except _NeedsPreparation as missing:
+                # Another request moved the conversation meanwhile: prepare the extra messages outside the
+                # write lock (interception may call the summarizer), then decide again.
+                for i in missing.indices:
+                    await prepare(i)
+        raise RuntimeError("conversation kept changing during ingest")
 
     async def _commit(
         self,

@@ -1,0 +1,159 @@
+"""Compaction: per-request overhead as conversations grow, and what a long simulated session forwards.
+
+1. Overhead: the context engine's ``prepare`` (ingest + budget + assembly; the summarizer is an instant
+   stub, so summarizer time is excluded) on a continuation of an already-compacted conversation of 100,
+   1,000 and 5,000 messages; and a real request through the proxy compared with the same request sent
+   straight to the fake upstream (the baseline), on loopback.
+2. Simulation: the 300-turn session of ``tests/test_compaction_sim.py`` (8k window, tool calls with
+   parallel results, large tool outputs, pasted files) through the real proxy: tokens the client sent vs
+   tokens forwarded, summarizer calls per 100 turns, and the share of consecutive requests whose forwarded
+   messages extend the previous ones (prefix stability, target >= 90%).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.app import create_app
+from proxy.config import LcmSettings, parse_config
+from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.tokens import count_messages
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
+from tests.fakes import FakeUpstream
+from tests.servers import serve_in_thread
+from tests.sim_support import ScriptedModel, Stats, forwarded_tokens, is_summary_request
+from tests.test_compaction_sim import MAX_TOKENS, SIM_LCM, TOOLS, WINDOW, tool_result, user_turn
+
+SIZES = (100, 1000, 5000)
+
+
+class InstantSummarizer:
+    model = "instant"
+
+    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+        return "Summary: decisions and facts of this part of the conversation."
+
+    async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
+        return "A document."
+
+
+def conversation(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(n):
+        role = "user" if i % 2 == 0 else "assistant"
+        out.append({"role": role, "content": f"Message {i}: " + "ordinary conversational text " * (4 + i % 9)})
+    return out
+
+
+async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(Path(tmp))
+        await store.open()
+        engine = ContextEngine(store, FileStore(Path(tmp)), LcmSettings())
+        budget = Budget(window=128_000, output_reserve=4096, tools=0)
+        messages = conversation(n)
+        first = await engine.prepare("bench", messages, budget, InstantSummarizer())
+        times = []
+        for r in range(repeats):
+            messages = [*messages, {"role": "assistant", "content": f"reply {r}"}, {"role": "user", "content": f"next {r}"}]
+            start = time.perf_counter()
+            prepared = await engine.prepare("bench", messages, budget, InstantSummarizer())
+            times.append(time.perf_counter() - start)
+        await store.close()
+        assert first.conversation_id == prepared.conversation_id
+        return statistics.median(times), prepared.tokens_sent, prepared.tokens_forwarded
+
+
+def proxy_config(upstream: str, data_dir: str, lcm: dict[str, Any]) -> Any:
+    return parse_config(
+        {
+            "model_list": [
+                {"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}, "model_info": {"max_input_tokens": 128_000}},
+                {"model_name": "small", "litellm_params": {"model": "openai/small", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}, "model_info": {"max_input_tokens": WINDOW}},
+            ],
+            "general_settings": {"data_dir": data_dir, "request_timeout": 60},
+            "lcm_settings": lcm,
+        }
+    )
+
+
+def http_overhead(proxy: str, upstream: str, n: int, repeats: int) -> tuple[float, float]:
+    messages = conversation(n)
+    with httpx.Client(timeout=60) as client:
+        client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})  # ingest + compact
+        via, direct = [], []
+        for r in range(repeats):
+            messages = [*messages, {"role": "assistant", "content": f"reply {r}"}, {"role": "user", "content": f"next {r}"}]
+            start = time.perf_counter()
+            client.post(f"{upstream}/v1/chat/completions", json={"model": "m", "messages": messages})
+            direct.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            response = client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})
+            via.append(time.perf_counter() - start)
+            assert response.status_code == 200, response.text
+    return statistics.median(via), statistics.median(direct)
+
+
+def simulation(proxy: str, fake: FakeUpstream, turns: int) -> dict[str, float]:
+    model = ScriptedModel()
+    fake.responder = model
+    transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are a project assistant."}]
+    stats = Stats()
+    sent_tokens = forwarded = 0
+    with httpx.Client(base_url=f"{proxy}/v1", timeout=60) as client:
+        for turn in range(turns):
+            transcript.append(user_turn(turn))
+            for _ in range(3):
+                before = len(fake.requests)
+                body = {"model": "small", "messages": transcript, "tools": TOOLS, "max_tokens": MAX_TOKENS}
+                response = client.post("/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+                chat = [r.body for r in fake.requests[before:] if not is_summary_request(r.body)][0]
+                stats.forwarded.append(chat["messages"])
+                sent_tokens += count_messages(transcript)
+                forwarded += forwarded_tokens(chat)
+                message = response.json()["choices"][0]["message"]
+                transcript.append({k: v for k, v in message.items() if v is not None})
+                if not message.get("tool_calls"):
+                    break
+                transcript += [tool_result(call, turn) for call in message["tool_calls"]]
+    return {
+        "requests": len(stats.forwarded),
+        "sent": sent_tokens,
+        "forwarded": forwarded,
+        "summary_calls_per_100_turns": model.summary_calls * 100 / turns,
+        "stability": stats.prefix_stability(),
+        "messages": len(transcript) - 1,
+    }
+
+
+def main(quick: bool = False) -> None:
+    repeats = 5 if quick else 15
+    print("\n## compaction: per-request overhead (continuation of a compacted conversation, median)\n")
+    print("| messages | engine prepare ms | tokens sent | tokens forwarded | via proxy ms | direct to upstream ms (baseline) | added ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    fake = FakeUpstream()
+    with serve_in_thread(fake.app) as upstream, tempfile.TemporaryDirectory() as tmp:
+        with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/a", {}))) as proxy:
+            for n in SIZES:
+                prepare, sent, fwd = asyncio.run(engine_overhead(n, repeats))
+                via, direct = http_overhead(proxy, upstream, n, repeats)
+                print(f"| {n} | {prepare * 1000:.2f} | {sent} | {fwd} | {via * 1000:.2f} | {direct * 1000:.2f} | {(via - direct) * 1000:.2f} |")
+        turns = 60 if quick else 300
+        with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
+            result = simulation(proxy, fake, turns)
+    print(f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n")
+    print("| tokens sent by the client (sum) | tokens forwarded (sum) | reduction | summarizer calls per 100 turns | prefix stability |")
+    print("|---:|---:|---:|---:|---:|")
+    print(
+        f"| {int(result['sent'])} | {int(result['forwarded'])} | {result['sent'] / max(1, result['forwarded']):.1f}x |"
+        f" {result['summary_calls_per_100_turns']:.0f} | {result['stability'] * 100:.1f}% |"
+    )
