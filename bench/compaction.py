@@ -63,7 +63,11 @@ async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int]:
         first = await engine.prepare("bench", messages, budget, InstantSummarizer())
         times = []
         for r in range(repeats):
-            messages = [*messages, {"role": "assistant", "content": f"reply {r}"}, {"role": "user", "content": f"next {r}"}]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": f"reply {r}"},
+                {"role": "user", "content": f"next {r}"},
+            ]
             start = time.perf_counter()
             prepared = await engine.prepare("bench", messages, budget, InstantSummarizer())
             times.append(time.perf_counter() - start)
@@ -76,8 +80,16 @@ def proxy_config(upstream: str, data_dir: str, lcm: dict[str, Any]) -> Any:
     return parse_config(
         {
             "model_list": [
-                {"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}, "model_info": {"max_input_tokens": 128_000}},
-                {"model_name": "small", "litellm_params": {"model": "openai/small", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}, "model_info": {"max_input_tokens": WINDOW}},
+                {
+                    "model_name": "m",
+                    "litellm_params": {"model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "k-12345678"},
+                    "model_info": {"max_input_tokens": 128_000},
+                },
+                {
+                    "model_name": "small",
+                    "litellm_params": {"model": "openai/small", "api_base": f"{upstream}/v1", "api_key": "k-12345678"},
+                    "model_info": {"max_input_tokens": WINDOW},
+                },
             ],
             "general_settings": {"data_dir": data_dir, "request_timeout": 60},
             "lcm_settings": lcm,
@@ -91,7 +103,11 @@ def http_overhead(proxy: str, upstream: str, n: int, repeats: int) -> tuple[floa
         client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})  # ingest + compact
         via, direct = [], []
         for r in range(repeats):
-            messages = [*messages, {"role": "assistant", "content": f"reply {r}"}, {"role": "user", "content": f"next {r}"}]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": f"reply {r}"},
+                {"role": "user", "content": f"next {r}"},
+            ]
             start = time.perf_counter()
             client.post(f"{upstream}/v1/chat/completions", json={"model": "m", "messages": messages})
             direct.append(time.perf_counter() - start)
@@ -116,7 +132,7 @@ def simulation(proxy: str, fake: FakeUpstream, turns: int) -> dict[str, float]:
                 body = {"model": "small", "messages": transcript, "tools": TOOLS, "max_tokens": MAX_TOKENS}
                 response = client.post("/chat/completions", json=body)
                 assert response.status_code == 200, response.text
-                chat = [r.body for r in fake.requests[before:] if not is_summary_request(r.body)][0]
+                chat = next(r.body for r in fake.requests[before:] if not is_summary_request(r.body))
                 stats.forwarded.append(chat["messages"])
                 sent_tokens += count_messages(transcript)
                 forwarded += forwarded_tokens(chat)
@@ -138,7 +154,9 @@ def simulation(proxy: str, fake: FakeUpstream, turns: int) -> dict[str, float]:
 def main(quick: bool = False) -> None:
     repeats = 5 if quick else 15
     print("\n## compaction: per-request overhead (continuation of a compacted conversation, median)\n")
-    print("| messages | engine prepare ms | tokens sent | tokens forwarded | via proxy ms | direct to upstream ms (baseline) | added ms |")
+    print(
+        "| messages | engine prepare ms | tokens sent | tokens forwarded | via proxy ms | direct to upstream ms (baseline) | added ms |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     fake = FakeUpstream()
     with serve_in_thread(fake.app) as upstream, tempfile.TemporaryDirectory() as tmp:
@@ -146,12 +164,18 @@ def main(quick: bool = False) -> None:
             for n in SIZES:
                 prepare, sent, fwd = asyncio.run(engine_overhead(n, repeats))
                 via, direct = http_overhead(proxy, upstream, n, repeats)
-                print(f"| {n} | {prepare * 1000:.2f} | {sent} | {fwd} | {via * 1000:.2f} | {direct * 1000:.2f} | {(via - direct) * 1000:.2f} |")
+                print(
+                    f"| {n} | {prepare * 1000:.2f} | {sent} | {fwd} | {via * 1000:.2f} | {direct * 1000:.2f} | {(via - direct) * 1000:.2f} |"
+                )
         turns = 60 if quick else 300
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
             result = simulation(proxy, fake, turns)
-    print(f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n")
-    print("| tokens sent by the client (sum) | tokens forwarded (sum) | reduction | summarizer calls per 100 turns | prefix stability |")
+    print(
+        f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n"
+    )
+    print(
+        "| tokens sent by the client (sum) | tokens forwarded (sum) | reduction | summarizer calls per 100 turns | prefix stability |"
+    )
     print("|---:|---:|---:|---:|---:|")
     print(
         f"| {int(result['sent'])} | {int(result['forwarded'])} | {result['sent'] / max(1, result['forwarded']):.1f}x |"
