@@ -272,3 +272,36 @@ def test_condensed_nodes_link_to_children(tmp_path: Path) -> None:
         await store.close()
 
     run(scenario())
+
+
+def test_summarizer_call_cap_degrades_to_fallback(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(
+            tmp_path, SETTINGS.model_copy(update={"max_summarizer_calls_per_hour": 1})
+        )
+        summarizer = Scripted("ok")
+        prepared = await engine.prepare("t", long_turns(12), BIG, summarizer)
+        report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        assert summarizer.calls == 1 and report.leaf_passes >= 2
+        async with store.read.conn.execute("SELECT escalation FROM summaries ORDER BY created_at, pk") as cursor:
+            escalations = [row[0] for row in await cursor.fetchall()]
+        assert escalations.count(0) == 1 and escalations.count(2) == len(escalations) - 1 >= 1
+        await store.close()
+
+    run(scenario())
+
+
+def test_file_ids_are_carried_into_summaries(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        document = "".join(f"row {i}: some value here\n" for i in range(1500))  # over the 2000-token threshold
+        transcript = [user(f'<file name="rows.txt">{document}</file>'), assistant("got it"), *long_turns(10)]
+        prepared = await engine.prepare("t", transcript, BIG, summarizer)
+        file_id = prepared.messages[0]["content"].split("[LCM File: ")[1].split(" ")[0]
+        await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        first = (await store.read.context_summaries(prepared.conversation_id or ""))[0]
+        assert first.file_ids is not None and file_id in first.file_ids
+        await store.close()
+
+    run(scenario())

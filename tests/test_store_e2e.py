@@ -37,8 +37,11 @@ def test_conversation_header_and_continuation(proxy: RunningProxy, fake_upstream
     ]
     raw2 = sdk.chat.completions.with_raw_response.create(model="test-model", messages=messages)  # type: ignore[arg-type]
     assert raw2.headers["x-lcm-conversation-id"] == conversation
-    # Zero-cost continuity: what the upstream received is exactly what the client sent.
+    # Zero-cost continuity: what the upstream received is exactly what the client sent, and no summarizer
+    # call was made.
     assert fake_upstream.last.body["messages"] == messages
+    assert len(fake_upstream.requests) == 2
+    assert raw2.headers["x-lcm-compaction"] == "none"
 
 
 def test_streaming_response_carries_conversation_header(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
