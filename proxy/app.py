@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
 from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.routing import ModelRouter, ResolvedModel
@@ -34,6 +35,7 @@ from proxy.wire.http import error_response
 log = logging.getLogger("lcm_proxy")
 
 CONFIG_ENV = "LCM_PROXY_CONFIG"
+RECALL_TOOL_TOKENS = count_text(orjson.dumps(RECALL_TOOLS).decode())
 
 
 @dataclass
@@ -46,6 +48,7 @@ class AppState:
     store: SQLiteStore = field(init=False)
     files: FileStore = field(init=False)
     engine: ContextEngine = field(init=False)
+    recall: RecallTools = field(init=False)
 
     def budget_for(self, target: ResolvedModel, body: dict[str, Any]) -> Budget:
         """Window (model_info, else LiteLLM's map, else the default), output reserve and tool schemas."""
@@ -53,6 +56,8 @@ class AppState:
         window = target.max_input_tokens or self.upstream.context_window(target.upstream_model)
         reserve = body.get("max_completion_tokens") or body.get("max_tokens") or lcm.default_output_reserve
         tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
+        if lcm.retrieval_tools != "off":
+            tools += RECALL_TOOL_TOKENS
         return Budget(window or lcm.default_context_window, int(reserve), tools)
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
@@ -97,6 +102,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         await state.store.open()
         state.files = FileStore(data_dir)
         state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
+        state.recall = RecallTools(state.store, state.files)
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
         log.info("data directory: %s", data_dir)

@@ -59,6 +59,7 @@ class Prepared:
     tokens_forwarded: int
     compaction: Compaction
     budget: int
+    recall: bool = False  # offer the recall tools with this request
 
 
 class ContextEngine:
@@ -113,7 +114,9 @@ class ContextEngine:
         # From stored per-message counts: re-tokenizing a long context on every request would cost more than
         # everything else the proxy does.
         forwarded = ingested.tokens_forwarded if assembled is ingested.messages else instruction_tokens + current + 3
-        return Prepared(conversation.id, assembled, ingested.tokens_sent, forwarded, compaction, limit)
+        mode = self.settings.retrieval_tools
+        recall = mode == "always" or (mode == "auto" and assembled is not messages)  # summaries or stubs present
+        return Prepared(conversation.id, assembled, ingested.tokens_sent, forwarded, compaction, limit, recall)
 
     async def _assemble(
         self, conversation: ConversationRecord, instructions: Messages, transcript: Messages, ingested: IngestResult

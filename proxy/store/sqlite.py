@@ -112,6 +112,21 @@ class Queries:
         )
         return [MessageRecord(*r) for r in rows]
 
+    async def messages_by_id(self, message_ids: Sequence[int]) -> list[MessageRecord]:
+        rows = await self._all(
+            f"SELECT {_MSG_COLUMNS} FROM messages WHERE id IN ({','.join('?' * len(message_ids))}) ORDER BY seq",
+            tuple(message_ids),
+        )
+        return [MessageRecord(*r) for r in rows]
+
+    async def source_messages(self, summary_id: str) -> list[MessageRecord]:
+        rows = await self._all(
+            f"SELECT {', '.join('m.' + c.strip() for c in _MSG_COLUMNS.split(','))} FROM summary_sources ss"
+            " JOIN messages m ON m.id = ss.message_id WHERE ss.summary_id = ? ORDER BY ss.ordinal",
+            (summary_id,),
+        )
+        return [MessageRecord(*r) for r in rows]
+
     async def forward_overrides(self, conversation_id: str, end: int) -> dict[int, str]:
         rows = await self._all(
             "SELECT seq, forward_json FROM messages WHERE conversation_id = ? AND seq < ? AND forward_json IS NOT NULL",

@@ -8,7 +8,7 @@ OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING
 
 from starlette.background import BackgroundTask
@@ -16,8 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
+from proxy.engine.recall import clip_to_tokens
 from proxy.errors import InternalError, InvalidRequestError, ProxyError
-from proxy.upstream import UpstreamStream
+from proxy.routing import ResolvedModel
+from proxy.summarizer import UpstreamSummarizer
+from proxy.toolloop import RecallLoop, with_recall_tools
+from proxy.types import ChatBody, Chunk
 from proxy.wire.http import JSONResponse, error_response, read_json_body
 from proxy.wire.sse import DONE, sse_event
 from proxy.wire.validation import validate_chat_request
@@ -73,6 +77,10 @@ async def chat_completions(request: Request) -> Response:
             headers["x-lcm-compaction"] = prepared.compaction
             if prepared.compaction == "scheduled":
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
+            if prepared.recall and prepared.conversation_id is not None:
+                return await _with_recall(
+                    state, tenant, prepared.conversation_id, target, body, summarizer, headers, background
+                )
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
             # HTTP status instead of an error event inside a 200.
@@ -88,7 +96,37 @@ async def chat_completions(request: Request) -> Response:
         return error_response(error)
 
 
-async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
+async def _with_recall(
+    state: AppState,
+    tenant: str,
+    conversation_id: str,
+    target: ResolvedModel,
+    body: ChatBody,
+    summarizer: UpstreamSummarizer,
+    headers: dict[str, str],
+    background: BackgroundTask | None,
+) -> Response:
+    """Offer the recall tools and run the tool loop (the client sees one ordinary answer)."""
+    window = state.budget_for(target, body)
+    result_cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
+    scope = await state.recall.scope(tenant, conversation_id)
+
+    async def run_tool(name: str, arguments: str) -> str:
+        return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), result_cap)
+
+    client_tools = body.get("tools")
+    loop = RecallLoop(state.upstream, target, run_tool, state.config.lcm_settings.max_tool_rounds)
+    offered = with_recall_tools(body)
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = await loop.open_stream(offered, client_tools, include_usage)
+        return StreamingResponse(
+            _relay(chunks), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
+        )
+    return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
+
+
+async def _relay(stream: AsyncIterable[Chunk]) -> AsyncIterator[bytes]:
     """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event."""
     try:
         async for chunk in stream:
