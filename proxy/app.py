@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -35,7 +36,11 @@ from proxy.wire.http import error_response
 log = logging.getLogger("lcm_proxy")
 
 CONFIG_ENV = "LCM_PROXY_CONFIG"
-RECALL_TOOL_TOKENS = count_text(orjson.dumps(RECALL_TOOLS).decode())
+
+
+@functools.cache
+def recall_tool_tokens() -> int:
+    return count_text(orjson.dumps(RECALL_TOOLS).decode())  # lazily: importing the app must not load tiktoken
 
 
 @dataclass
@@ -57,7 +62,7 @@ class AppState:
         reserve = body.get("max_completion_tokens") or body.get("max_tokens") or lcm.default_output_reserve
         tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
         if lcm.retrieval_tools != "off":
-            tools += RECALL_TOOL_TOKENS
+            tools += recall_tool_tokens()
         return Budget(window or lcm.default_context_window, int(reserve), tools)
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import ProxyConfig, parse_config
+from proxy.doctor import run_doctor
 from tests.fakes import FakeUpstream
 from tests.servers import serve_in_thread
 
@@ -105,6 +107,12 @@ def proxy_factory(upstream_url: str, tmp_path: Path) -> Iterator[Any]:
     yield start
     for ctx in reversed(stack):
         ctx.__exit__(None, None, None)
+    # Every database a test creates must pass doctor.
+    for index in range(len(stack)):
+        data_dir = tmp_path / f"data{index}"
+        if (data_dir / "lcm.sqlite3").exists():
+            problems = asyncio.run(run_doctor(data_dir))
+            assert problems == [], f"doctor found problems in {data_dir}: {problems}"
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from proxy.doctor import check_database
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
@@ -34,6 +35,9 @@ async def open_engine(
     files = FileStore(data_dir)
     try:
         yield Ingestor(store, files, Thresholds(large, tool)), store, files
+        # Every database a test creates must pass doctor.
+        problems = await check_database(store, files)
+        assert problems == [], f"doctor found problems: {problems}"
     finally:
         await store.close()
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.config import LcmSettings
+from proxy.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
 from proxy.engine.summarize import TRUNCATION_MARKER
@@ -114,6 +115,7 @@ def test_summarizer_failures_fall_back_and_stay_usable(tmp_path: Path, behaviour
         assert again.messages[-1] == nxt[-1]
         assert await export_conversation(store, files, "t", again.conversation_id or "") == nxt
         assert await unreachable_messages(store, again.conversation_id or "") == set()
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -130,6 +132,7 @@ def test_auth_failure_writes_no_summary_and_opens_breaker(tmp_path: Path) -> Non
         calls = summarizer.calls
         report2 = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
         assert report2.unavailable and summarizer.calls == calls  # breaker open: no further call
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -146,6 +149,7 @@ def test_hard_budget_compacts_inline_and_fits(tmp_path: Path) -> None:
         assert prepared.tokens_forwarded <= budget.window - budget.output_reserve
         assert prepared.messages[-4:] == transcript[-4:]
         check_tool_pairing(prepared.messages)
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -163,6 +167,7 @@ def test_summarizer_down_evicts_from_view_not_from_store(tmp_path: Path) -> None
         assert prepared.messages[-1] == transcript[-1]
         check_tool_pairing(prepared.messages)
         assert await export_conversation(store, files, "t", prepared.conversation_id or "") == transcript
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -176,6 +181,7 @@ def test_tail_that_cannot_fit_is_context_length_exceeded(tmp_path: Path) -> None
             await engine.prepare("t", transcript, Budget(window=1200, output_reserve=200, tools=0), Scripted("ok"))
         assert info.value.code == "context_length_exceeded" and info.value.status == 400
         assert "fresh tail" in info.value.message and "tokens" in info.value.message
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -206,6 +212,7 @@ def test_tool_pairs_never_split_by_compaction(tmp_path: Path) -> None:
         assert summaries
         for s in summaries:  # every summary boundary is a message that is not a tool result
             assert transcript[s.end_seq]["role"] != "tool"
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -222,6 +229,7 @@ def test_zero_cost_below_threshold(tmp_path: Path) -> None:
             assert not await engine.after_response(prepared, summarizer)
             transcript = [*transcript, assistant(f"a{i}"), user(f"u{i}")]
         assert summarizer.calls == 0
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -248,6 +256,7 @@ def test_fork_shares_summaries_of_the_common_prefix(tmp_path: Path) -> None:
         assert str(fork.messages[0]["content"]).startswith("<summary")
         assert fork.messages[-1] == edited[-1]
         assert await export_conversation(store, files, "t", fork.conversation_id or "") == edited
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -269,6 +278,7 @@ def test_condensed_nodes_link_to_children(tmp_path: Path) -> None:
             assert (node.start_seq, node.end_seq) == (children[0].start_seq, children[-1].end_seq)
             assert node.descendant_count == sum(c.descendant_count + 1 for c in children)
         assert await unreachable_messages(store, prepared.conversation_id or "") == set()
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -286,6 +296,7 @@ def test_summarizer_call_cap_degrades_to_fallback(tmp_path: Path) -> None:
         async with store.read.conn.execute("SELECT escalation FROM summaries ORDER BY created_at, pk") as cursor:
             escalations = [row[0] for row in await cursor.fetchall()]
         assert escalations.count(0) == 1 and escalations.count(2) == len(escalations) - 1 >= 1
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())
@@ -302,6 +313,7 @@ def test_file_ids_are_carried_into_summaries(tmp_path: Path) -> None:
         await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
         first = (await store.read.context_summaries(prepared.conversation_id or ""))[0]
         assert first.file_ids is not None and file_id in first.file_ids
+        assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
 
     run(scenario())

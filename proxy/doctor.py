@@ -1,0 +1,168 @@
+"""``lcm-proxy doctor``: check that a database keeps every promise the proxy makes about it.
+
+Checks: SQLite's own integrity and foreign keys, the full-text indexes, the migrations; per conversation,
+contiguous messages, a context whose summaries resolve and cover messages [0, summarized_upto) without a
+gap, summaries that link to exactly the sources they claim (leaves: their message range; condensed nodes:
+children that tile their range), so every message is reachable from the active context; per stored file,
+that it exists under the data directory (no symlinks), has mode 0600 in 0700 folders, and still has the
+content its hash names; and that every payload reference in a stored message has its file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.engine.intercept import SEGMENTS_KEY
+from proxy.store.files import FileStore, UnsafePathError
+from proxy.store.migrations import MIGRATIONS
+from proxy.store.sqlite import SQLiteStore
+
+
+async def _rows(store: SQLiteStore, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    async with store.read.conn.execute(sql, args) as cursor:
+        return list(await cursor.fetchall())
+
+
+def _refs(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        if SEGMENTS_KEY in value:
+            return [s["ref"] for s in value[SEGMENTS_KEY] if isinstance(s, dict)]
+        return [r for v in value.values() for r in _refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _refs(v)]
+    return []
+
+
+async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes: bool = True) -> list[str]:
+    problems: list[str] = []
+    if (await _rows(store, "PRAGMA integrity_check"))[0][0] != "ok":
+        problems.append("SQLite integrity_check failed")
+    for row in await _rows(store, "PRAGMA foreign_key_check"):
+        problems.append(f"foreign key violation in {row[0]} (rowid {row[1]}) -> {row[2]}")
+    applied = {r[0] for r in await _rows(store, "SELECT name FROM _migrations")}
+    for name, _ in MIGRATIONS:
+        if name not in applied:
+            problems.append(f"migration {name} not applied")
+    for table in ("messages_fts", "summaries_fts"):
+        try:
+            await store.read.conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+        except Exception as error:
+            problems.append(f"full-text index {table} is out of sync with its table ({error})")
+
+    for conversation in await store.read.conversations(None, limit=1_000_000):
+        cid = conversation.id
+        seqs = [
+            r[0] for r in await _rows(store, "SELECT seq FROM messages WHERE conversation_id = ? ORDER BY seq", (cid,))
+        ]
+        if seqs != list(range(len(seqs))) or len(seqs) != conversation.message_count:
+            problems.append(f"{cid}: messages are not contiguous 0..{conversation.message_count - 1}")
+        context = await _rows(
+            store,
+            "SELECT ci.summary_id, s.id FROM context_items ci LEFT JOIN summaries s ON s.id = ci.summary_id"
+            " WHERE ci.conversation_id = ? ORDER BY ci.ordinal",
+            (cid,),
+        )
+        expected_start = 0
+        for item_id, found in context:
+            if found is None:
+                problems.append(f"{cid}: context item {item_id} does not resolve to a summary")
+                continue
+            summary = await store.read.summary(item_id)
+            assert summary is not None
+            if summary.start_seq != expected_start:
+                problems.append(
+                    f"{cid}: context summary {item_id} starts at {summary.start_seq}, expected {expected_start}"
+                )
+            expected_start = summary.end_seq
+            problems += await _check_summary(store, cid, item_id, set())
+        if expected_start != conversation.summarized_upto:
+            problems.append(
+                f"{cid}: summaries cover messages up to {expected_start} but the context says {conversation.summarized_upto}:"
+                " some messages are unreachable"
+            )
+        for message_id, seq, original in await _rows(
+            store,
+            "SELECT id, seq, original_json FROM messages WHERE conversation_id = ? AND payload_paths IS NOT NULL",
+            (cid,),
+        ):
+            for ref in _refs(orjson.loads(original)):
+                if not await _rows(
+                    store, "SELECT 1 FROM files WHERE id = ? AND tenant = ?", (ref, conversation.tenant)
+                ):
+                    problems.append(f"{cid}: message {seq} (msg_{message_id}) refers to missing file {ref}")
+
+    for file_id, path, sha in await _rows(store, "SELECT id, path, sha256 FROM files"):
+        try:
+            resolved = files.resolve(path)
+        except UnsafePathError as error:
+            problems.append(f"{file_id}: unsafe path {path!r} ({error})")
+            continue
+        if not resolved.is_file():
+            problems.append(f"{file_id}: file {path} is missing")
+            continue
+        mode = stat.S_IMODE(resolved.stat().st_mode)
+        if mode != 0o600:
+            problems.append(f"{file_id}: file {path} has mode {mode:o}, expected 600")
+        for folder in (resolved.parent, files.root):
+            folder_mode = stat.S_IMODE(folder.stat().st_mode)
+            if folder_mode != 0o700:
+                problems.append(f"{file_id}: folder {folder} has mode {folder_mode:o}, expected 700")
+        if verify_hashes and hashlib.sha256(resolved.read_bytes()).hexdigest() != sha:
+            problems.append(f"{file_id}: content of {path} does not match its sha256")
+    return sorted(set(problems))
+
+
+async def _check_summary(store: SQLiteStore, cid: str, summary_id: str, seen: set[str]) -> list[str]:
+    if summary_id in seen:
+        return [f"{cid}: summary {summary_id} is part of a cycle"]
+    seen.add(summary_id)
+    summary = await store.read.summary(summary_id)
+    if summary is None:
+        return [f"{cid}: summary {summary_id} does not exist"]
+    sources = await _rows(
+        store,
+        "SELECT ss.message_id, ss.child_summary_id, m.seq FROM summary_sources ss LEFT JOIN messages m ON m.id = ss.message_id"
+        " WHERE ss.summary_id = ? ORDER BY ss.ordinal",
+        (summary_id,),
+    )
+    problems: list[str] = []
+    if summary.kind == "leaf":
+        seqs = [seq for message_id, _, seq in sources if message_id is not None]
+        if seqs != list(range(summary.start_seq, summary.end_seq)) or len(seqs) != len(sources):
+            problems.append(
+                f"{cid}: leaf {summary_id} does not link to its messages {summary.start_seq}-{summary.end_seq - 1}"
+            )
+    else:
+        children = [child for _, child, _ in sources if child is not None]
+        if len(children) != len(sources) or not children:
+            problems.append(f"{cid}: condensed {summary_id} has no child summaries")
+        position = summary.start_seq
+        for child_id in children:
+            child = await store.read.summary(child_id)
+            if child is None:
+                problems.append(f"{cid}: condensed {summary_id} links to missing {child_id}")
+                continue
+            if child.start_seq != position:
+                problems.append(f"{cid}: children of {summary_id} leave a gap at message {position}")
+            position = child.end_seq
+            problems += await _check_summary(store, cid, child_id, seen)
+        if children and position != summary.end_seq:
+            problems.append(f"{cid}: children of {summary_id} end at {position}, not {summary.end_seq}")
+    return problems
+
+
+async def run_doctor(data_dir: Path) -> list[str]:
+    store = SQLiteStore(data_dir)
+    await store.open()
+    try:
+        return await check_database(store, FileStore(data_dir))
+    finally:
+        await store.close()
+
+
+__all__ = ["check_database", "run_doctor"]
