@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
+from proxy.engine.admin import AdminViews
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text
@@ -30,6 +31,7 @@ from proxy.store.sqlite import SQLiteStore
 from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
 from proxy.wire import routes
+from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.http import error_response
 
@@ -54,6 +56,7 @@ class AppState:
     files: FileStore = field(init=False)
     engine: ContextEngine = field(init=False)
     recall: RecallTools = field(init=False)
+    admin: AdminViews = field(init=False)
 
     def budget_for(self, target: ResolvedModel, body: dict[str, Any]) -> Budget:
         """Window (model_info, else LiteLLM's map, else the default), output reserve and tool schemas."""
@@ -108,6 +111,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         state.files = FileStore(data_dir)
         state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
         state.recall = RecallTools(state.store, state.files)
+        state.admin = AdminViews(state.engine, state.recall)
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
         log.info("data directory: %s", data_dir)
@@ -128,6 +132,7 @@ def create_app(config: ProxyConfig) -> Starlette:
             Route("/v1/models", routes.list_models, methods=["GET"]),
             Route("/models", routes.list_models, methods=["GET"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
+            *ADMIN_ROUTES,
         ],
         exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
         lifespan=lifespan,

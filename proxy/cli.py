@@ -107,10 +107,35 @@ def cmd_operator(args: argparse.Namespace) -> int:
         config,
         args.command,
         tenant=args.tenant,
-        limit=getattr(args, "limit", 100),
+        limit=getattr(args, "limit", 100) or 100,
         conversation_id=getattr(args, "conversation_id", None),
         model=getattr(args, "model", None),
+        pattern=getattr(args, "pattern", None),
+        mode=getattr(args, "mode", "regex"),
+        item_id=getattr(args, "item_id", None),
+        start_line=getattr(args, "start_line", None),
+        end_line=getattr(args, "end_line", None),
     )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 1
+    import asyncio
+
+    from proxy.doctor import run_doctor
+    from proxy.store.sqlite import DB_NAME
+
+    data_dir = config.general_settings.resolved_data_dir()
+    if not (data_dir / DB_NAME).exists():
+        print(f"lcm-proxy: no database at {data_dir / DB_NAME}", file=sys.stderr)
+        return 1
+    problems = asyncio.run(run_doctor(data_dir))
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"{data_dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +184,39 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "compact":
             p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
         p.set_defaults(func=cmd_operator)
+
+    grep = sub.add_parser(
+        "grep",
+        help="search a conversation's messages, summaries and stored files",
+        description="Search a conversation (and the conversations it was forked from).",
+    )
+    grep.add_argument("pattern", help="regular expression (or words with --mode full_text)")
+    grep.add_argument("--conversation", dest="conversation_id", required=True, metavar="ID", help="conversation id")
+    grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
+    grep.add_argument("--limit", type=int, default=20)
+    grep.add_argument("--tenant", help="refuse a conversation of another tenant")
+    add_config(grep)
+    grep.set_defaults(func=cmd_operator)
+
+    describe = sub.add_parser(
+        "describe",
+        help="show a summary (lineage, content), a stored file or a message",
+        description="Describe a sum_..., file_... or msg_... id.",
+    )
+    describe.add_argument("item_id", metavar="ID")
+    describe.add_argument("--start-line", type=int, dest="start_line")
+    describe.add_argument("--end-line", type=int, dest="end_line")
+    describe.add_argument("--tenant", help="refuse an id of another tenant")
+    add_config(describe)
+    describe.set_defaults(func=cmd_operator)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the database and stored files; exit 1 on any problem",
+        description="Check the database and stored files.",
+    )
+    add_config(doctor)
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

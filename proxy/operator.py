@@ -17,6 +17,7 @@ import orjson
 
 from proxy.config import ProxyConfig
 from proxy.engine.ingest import export_conversation
+from proxy.engine.recall import RecallTools
 from proxy.store.files import FileStore, UnsafePathError
 from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite import DB_NAME, SQLiteStore
@@ -138,6 +139,44 @@ class Operator:
             + (" [conflict: another process compacted meanwhile]" if report.conflict else "")
         )
 
+    async def grep(self, pattern: str, conversation_id: str, tenant: str | None, mode: str, limit: int) -> str:
+        c = await self.store.read.conversation(tenant, conversation_id)
+        if c is None:
+            raise LookupError(f"no conversation {conversation_id}")
+        tools = RecallTools(self.store, self.files)
+        scope = await tools.scope(c.tenant, c.id)
+        return await tools.run(
+            scope, "lcm_grep", orjson.dumps({"pattern": pattern, "mode": mode, "limit": limit}).decode()
+        )
+
+    async def describe(self, item_id: str, tenant: str | None, start_line: int | None, end_line: int | None) -> str:
+        """Describe a summary, file or message; the scope is the conversation (or tenant) that owns it."""
+        q = self.store.read
+        owner: tuple[str, str] | None = None  # (tenant, conversation)
+        if item_id.startswith("sum_"):
+            summary = await q.summary(item_id)
+            conversation = await q.conversation(tenant, summary.conversation_id) if summary else None
+            owner = (conversation.tenant, conversation.id) if conversation else None
+        elif item_id.startswith("file_"):
+            async with q.conn.execute(
+                "SELECT tenant, conversation_id FROM files WHERE id = ? AND (? IS NULL OR tenant = ?)",
+                (item_id, tenant, tenant),
+            ) as cursor:
+                row = await cursor.fetchone()
+            owner = (row[0], row[1]) if row else None
+        elif item_id.startswith("msg_") and item_id[4:].isdigit():
+            rows = await q.messages_by_id([int(item_id[4:])])
+            conversation = await q.conversation(tenant, rows[0].conversation_id) if rows else None
+            owner = (conversation.tenant, conversation.id) if conversation else None
+        if owner is None:
+            raise LookupError(f"no summary, file or message {item_id}")
+        tools = RecallTools(self.store, self.files)
+        scope = await tools.scope(*owner)
+        args = {"id": item_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
+        return await tools.run(
+            scope, "lcm_describe", orjson.dumps({k: v for k, v in args.items() if v is not None}).decode()
+        )
+
     async def export(self, conversation_id: str, tenant: str | None) -> list[Any]:
         if await self.store.read.conversation(tenant, conversation_id) is None:
             raise LookupError(f"no conversation {conversation_id}")
@@ -151,6 +190,22 @@ def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
                 print(await op.conversations(kwargs.get("tenant"), kwargs.get("limit", 100)))
             elif command == "show":
                 print(await op.show(kwargs["conversation_id"], kwargs.get("tenant")))
+            elif command == "grep":
+                print(
+                    await op.grep(
+                        kwargs["pattern"],
+                        kwargs["conversation_id"],
+                        kwargs.get("tenant"),
+                        kwargs["mode"],
+                        kwargs["limit"],
+                    )
+                )
+            elif command == "describe":
+                print(
+                    await op.describe(
+                        kwargs["item_id"], kwargs.get("tenant"), kwargs.get("start_line"), kwargs.get("end_line")
+                    )
+                )
             elif command == "compact":
                 print(await op.compact(kwargs["conversation_id"], kwargs.get("tenant"), kwargs.get("model"), config))
             elif command == "export":

@@ -136,9 +136,10 @@ def _int(args: dict[str, Any], key: str, default: int, low: int, high: int) -> i
 
 
 def fts_query(text: str) -> str:
-    """A user's words as a safe FTS5 query: each word quoted, so no operator or syntax error can slip in."""
-    words = re.findall(r"\w+", text)[:16]
-    return " ".join('"' + w.replace('"', "") + '"' for w in words)
+    """A user's words as a safe FTS5 query: each word quoted (no operator or syntax error can slip in) and
+    OR-ed, so bm25 ranks the messages that share the most of them first."""
+    words = [w for w in re.findall(r"\w+", text) if w.upper() not in ("AND", "OR", "NOT", "NEAR")][:16]
+    return " OR ".join('"' + w + '"' for w in words) or '""'
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""Tenant-scoped views for the admin HTTP API (``/lcm/...``): plain dicts, ready for JSON.
+
+Every lookup takes the caller's tenant; an id of another tenant is indistinguishable from an unknown one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from proxy.engine import tokens
+from proxy.engine.compaction import view_message
+from proxy.engine.engine import ContextEngine
+from proxy.engine.recall import RecallTools
+from proxy.engine.render import render_summary
+from proxy.engine.summarize import Summarizer
+from proxy.store.records import ConversationRecord
+
+
+class NotFound(Exception):
+    pass
+
+
+def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
+    data = asdict(c)
+    data.pop("instructions_json")
+    data.pop("tenant")
+    return data
+
+
+class AdminViews:
+    def __init__(self, engine: ContextEngine, recall: RecallTools) -> None:
+        self.engine = engine
+        self.recall = recall
+        self.store = engine.store
+
+    async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
+        c = await self.store.read.conversation(tenant, conversation_id)
+        if c is None:
+            raise NotFound(f"no conversation {conversation_id}")
+        return c
+
+    async def conversations(self, tenant: str, limit: int) -> dict[str, Any]:
+        return {"data": [_conversation_json(c) for c in await self.store.read.conversations(tenant, limit)]}
+
+    async def conversation(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+        c = await self._conversation(tenant, conversation_id)
+        context = await self.store.read.context_summaries(c.id)
+        return {**_conversation_json(c), "context_summaries": [s.id for s in context]}
+
+    async def messages(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+        c = await self._conversation(tenant, conversation_id)
+        out = []
+        for row in await self.store.read.messages(c.id):
+            message, files = view_message(row, stubbed=False)
+            out.append(
+                {
+                    "id": f"msg_{row.id}",
+                    "seq": row.seq,
+                    "role": row.role,
+                    "tokens": row.token_count,
+                    "files": files,
+                    "message": message,
+                }
+            )
+        return {"data": out}
+
+    async def context(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+        """The assembled context as the next request would see it (instructions excluded), with token counts."""
+        c = await self._conversation(tenant, conversation_id)
+        summaries, upto = await self.engine.compactor.view(c, c.message_count)
+        items: list[dict[str, Any]] = [
+            {"kind": "summary", "id": s.id, "depth": s.depth, "tokens": tokens.count_message(render_summary(s))}
+            for s in summaries
+        ]
+        costs = await self.store.read.raw_token_counts(c.id, upto, c.message_count, c.stubbed_upto)
+        items += [{"kind": "message", "seq": upto + i, "tokens": cost} for i, cost in enumerate(costs)]
+        return {"conversation": c.id, "tokens": sum(i["tokens"] for i in items), "items": items}
+
+    async def summary(self, tenant: str, summary_id: str) -> dict[str, Any]:
+        summary = await self.store.read.summary(summary_id)
+        if summary is None or await self.store.read.conversation(tenant, summary.conversation_id) is None:
+            raise NotFound(f"no summary {summary_id}")
+        children = await self.store.read.child_summaries(summary.id)
+        data = asdict(summary)
+        data["file_ids"] = orjson.loads(summary.file_ids) if summary.file_ids else []
+        data["children"] = [c.id for c in children]
+        return data
+
+    async def file(self, tenant: str, file_id: str, start_line: int | None, end_line: int | None) -> dict[str, Any]:
+        record = await self.store.read.file(tenant, file_id)
+        if record is None:
+            raise NotFound(f"no file {file_id}")
+        scope = await self.recall.scope(tenant, record.conversation_id or "")
+        args = {"id": file_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
+        text = await self.recall.run(
+            scope, "lcm_describe", orjson.dumps({k: v for k, v in args.items() if v is not None}).decode()
+        )
+        data = asdict(record)
+        data.pop("path")  # where it lives on disk is the operator's business, not the API's
+        data.pop("tenant")
+        return {**data, "described": text}
+
+    async def grep(self, tenant: str, conversation_id: str, pattern: str, mode: str, limit: int) -> dict[str, Any]:
+        c = await self._conversation(tenant, conversation_id)
+        scope = await self.recall.scope(tenant, c.id)
+        args = orjson.dumps({"pattern": pattern, "mode": mode, "limit": limit}).decode()
+        return {"conversation": c.id, "result": await self.recall.run(scope, "lcm_grep", args)}
+
+    async def compact(self, tenant: str, conversation_id: str, summarizer: Summarizer | None) -> dict[str, Any]:
+        c = await self._conversation(tenant, conversation_id)
+        report = await self.engine.compactor.sweep(c.id, summarizer)
+        return {"conversation": c.id, **asdict(report)}

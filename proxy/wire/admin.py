@@ -1,0 +1,99 @@
+"""The admin HTTP API under ``/lcm/``: the operator commands' views over HTTP, authenticated and scoped to
+the caller's tenant (with keys configured, a key only ever sees its own tenant's conversations)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.engine.admin import NotFound
+from proxy.errors import InvalidRequestError, NotFoundError, ProxyError
+from proxy.wire.http import JSONResponse, error_response
+
+if TYPE_CHECKING:
+    from proxy.app import AppState
+
+Handler = Callable[[Request, "AppState", str], Awaitable[dict[str, Any]]]
+
+
+def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise InvalidRequestError(f"'{name}' must be an integer between {low} and {high}", param=name)
+    return int(raw)
+
+
+def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def run(request: Request) -> Response:
+        state: AppState = request.app.state.lcm
+        try:
+            tenant = state.auth.tenant_for(request)
+            return JSONResponse(await handler(request, state, tenant))
+        except NotFound as missing:
+            return error_response(NotFoundError(str(missing)))
+        except ProxyError as error:
+            return error_response(error)
+
+    return run
+
+
+async def conversations(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    return await state.admin.conversations(tenant, _int_param(request, "limit", 100, 1, 10000) or 100)
+
+
+async def conversation(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    return await state.admin.conversation(tenant, request.path_params["id"])
+
+
+async def messages(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    return await state.admin.messages(tenant, request.path_params["id"])
+
+
+async def context(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    return await state.admin.context(tenant, request.path_params["id"])
+
+
+async def summary(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    return await state.admin.summary(tenant, request.path_params["id"])
+
+
+async def file(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    start = _int_param(request, "start_line", None, 1, 10**9)
+    end = _int_param(request, "end_line", None, 1, 10**9)
+    return await state.admin.file(tenant, request.path_params["id"], start, end)
+
+
+async def grep(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    pattern = request.query_params.get("pattern")
+    if not pattern:
+        raise InvalidRequestError("Missing required parameter: 'pattern'.", param="pattern")
+    mode = request.query_params.get("mode", "regex")
+    limit = _int_param(request, "limit", 20, 1, 50) or 20
+    return await state.admin.grep(tenant, request.path_params["id"], pattern, mode, limit)
+
+
+async def compact(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    record = await state.engine.store.read.conversation(tenant, request.path_params["id"])
+    if record is None:
+        raise NotFound(f"no conversation {request.path_params['id']}")
+    model = request.query_params.get("model") or state.config.lcm_settings.summary_model or record.last_model
+    summarizer = state.summarizer_for(state.router.resolve(model)) if model else None
+    return await state.admin.compact(tenant, record.id, summarizer)
+
+
+ADMIN_ROUTES = [
+    Route("/lcm/conversations", endpoint(conversations), methods=["GET"]),
+    Route("/lcm/conversations/{id}", endpoint(conversation), methods=["GET"]),
+    Route("/lcm/conversations/{id}/messages", endpoint(messages), methods=["GET"]),
+    Route("/lcm/conversations/{id}/context", endpoint(context), methods=["GET"]),
+    Route("/lcm/conversations/{id}/grep", endpoint(grep), methods=["GET"]),
+    Route("/lcm/conversations/{id}/compact", endpoint(compact), methods=["POST"]),
+    Route("/lcm/summaries/{id}", endpoint(summary), methods=["GET"]),
+    Route("/lcm/files/{id}", endpoint(file), methods=["GET"]),
+]

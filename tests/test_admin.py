@@ -1,0 +1,216 @@
+"""Admin API (/lcm/...) and operator commands: tenant-scoped views, doctor on healthy and broken databases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.doctor import run_doctor
+from tests.fakes import FakeUpstream
+from tests.sim_support import ScriptedModel
+from tests.test_compaction_e2e import long_history
+
+REPO = Path(__file__).resolve().parent.parent
+ALICE = {"authorization": "Bearer sk-alice-0000000"}
+BOB = {"authorization": "Bearer sk-bob-11111111"}
+KEYS = [{"key": "sk-alice-0000000", "tenant": "alice"}, {"key": "sk-bob-11111111", "tenant": "bob"}]
+
+
+def start(proxy_factory: Any, upstream_url: str) -> Any:
+    model = {
+        "model_name": "small",
+        "litellm_params": {"model": "openai/small", "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"},
+        "model_info": {"max_input_tokens": 8000},
+    }
+    lcm = {
+        "fresh_tail_count": 6,
+        "leaf_chunk_tokens": 1500,
+        "leaf_target_tokens": 150,
+        "large_file_token_threshold": 2500,
+        "tool_result_token_threshold": 300,
+    }
+    return proxy_factory(lcm=lcm, models=[model], api_keys=KEYS)
+
+
+def test_admin_api_is_tenant_scoped(proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.responder = ScriptedModel()
+    proxy = start(proxy_factory, upstream_url)
+    history = long_history(60)
+    history[1] = {"role": "user", "content": "Alice's private note: the vault PIN is 8812. " + history[1]["content"]}
+    document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
+    history.append({"role": "assistant", "content": "ok"})
+    history.append({"role": "user", "content": f'<file name="big.txt">{document}</file>'})
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        alice = client.post(
+            "/v1/chat/completions", json={"model": "small", "messages": history, "max_tokens": 400}, headers=ALICE
+        )
+        assert alice.status_code == 200, alice.text
+        conversation = alice.headers["x-lcm-conversation-id"]
+        bob = client.post(
+            "/v1/chat/completions",
+            json={"model": "small", "messages": [{"role": "user", "content": "bob here"}]},
+            headers=BOB,
+        )
+        bob_conversation = bob.headers["x-lcm-conversation-id"]
+
+        listed = client.get("/lcm/conversations", headers=ALICE).json()["data"]
+        assert [c["id"] for c in listed] == [conversation]
+        assert [c["id"] for c in client.get("/lcm/conversations", headers=BOB).json()["data"]] == [bob_conversation]
+        assert client.get("/lcm/conversations").status_code == 401
+
+        detail = client.get(f"/lcm/conversations/{conversation}", headers=ALICE).json()
+        assert detail["message_count"] == len(history) - 1 and detail["context_summaries"]
+        summary_id = detail["context_summaries"][0]
+        context = client.get(f"/lcm/conversations/{conversation}/context", headers=ALICE).json()
+        assert context["items"][0] == {
+            "kind": "summary",
+            "id": summary_id,
+            "depth": context["items"][0]["depth"],
+            "tokens": context["items"][0]["tokens"],
+        }
+        assert context["tokens"] == sum(i["tokens"] for i in context["items"]) and context["tokens"] < 8000
+        messages = client.get(f"/lcm/conversations/{conversation}/messages", headers=ALICE).json()["data"]
+        assert len(messages) == len(history) - 1 and messages[-1]["files"]
+        file_id = messages[-1]["files"][0]
+        summary = client.get(f"/lcm/summaries/{summary_id}", headers=ALICE).json()
+        assert summary["id"] == summary_id and summary["kind"] in ("leaf", "condensed")
+        described = client.get(f"/lcm/files/{file_id}?start_line=3&end_line=4", headers=ALICE).json()
+        assert (
+            described["name"] == "big.txt"
+            and "entry 2: alpha beta gamma\nentry 3: alpha beta gamma" in described["described"]
+        )
+        assert "path" not in described
+        grep = client.get(
+            f"/lcm/conversations/{conversation}/grep", params={"pattern": "vault PIN"}, headers=ALICE
+        ).json()
+        assert "8812" in grep["result"]
+        compact = client.post(f"/lcm/conversations/{conversation}/compact", headers=ALICE)
+        assert compact.status_code == 200 and "leaf_passes" in compact.json()
+
+        # Bob sees none of it, on every route: not found, never forbidden (ids do not leak existence).
+        for path in (
+            f"/lcm/conversations/{conversation}",
+            f"/lcm/conversations/{conversation}/messages",
+            f"/lcm/conversations/{conversation}/context",
+            f"/lcm/conversations/{conversation}/grep?pattern=PIN",
+            f"/lcm/summaries/{summary_id}",
+            f"/lcm/files/{file_id}",
+        ):
+            response = client.get(path, headers=BOB)
+            assert response.status_code == 404, (path, response.text)
+            assert "8812" not in response.text
+        assert client.post(f"/lcm/conversations/{conversation}/compact", headers=BOB).status_code == 404
+        assert client.get(f"/lcm/conversations/{conversation}/grep", headers=ALICE).status_code == 400
+
+
+def cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_cli_grep_describe_doctor(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    fake_upstream.responder = ScriptedModel()
+    proxy = start(proxy_factory, upstream_url)
+    history = long_history(60)
+    history[1] = {"role": "user", "content": "Remember the harbour code NAUTILUS-9. " + history[1]["content"]}
+    response = httpx.post(
+        f"{proxy.base_url}/chat/completions",
+        json={"model": "small", "messages": history, "max_tokens": 400},
+        headers=ALICE,
+        timeout=60,
+    )
+    conversation = response.headers["x-lcm-conversation-id"]
+    data_dir = Path(str(proxy.config.general_settings.data_dir))
+    config = tmp_path / "cli.yaml"
+    config.write_text(
+        f"model_list: [{{model_name: small, litellm_params: {{model: openai/small}}}}]\ngeneral_settings: {{data_dir: '{data_dir}'}}\n"
+    )
+
+    grep = cli("grep", "NAUTILUS", "--conversation", conversation, config=config)
+    assert grep.returncode == 0 and "NAUTILUS-9" in grep.stdout
+    msg_id = next(word for word in grep.stdout.split() if word.startswith("msg_"))
+    described = cli("describe", msg_id, config=config)
+    assert described.returncode == 0 and "Remember the harbour code NAUTILUS-9." in described.stdout
+    summary_id = asyncio.run(_first_summary(data_dir, conversation))
+    described = cli("describe", summary_id, config=config)
+    assert described.returncode == 0 and f"Summary {summary_id}" in described.stdout
+    assert cli("describe", summary_id, "--tenant", "bob", config=config).returncode == 1
+
+    healthy = cli("doctor", config=config)
+    assert healthy.returncode == 0 and healthy.stdout.strip().endswith("OK")
+
+    # Break a summary link and delete a stored file: doctor must say what is wrong and exit 1.
+    with sqlite3.connect(data_dir / "lcm.sqlite3") as db:
+        db.execute("PRAGMA foreign_keys=OFF")
+        db.execute("DELETE FROM summary_sources WHERE summary_id = ? AND ordinal = 0", (summary_id,))
+    broken = cli("doctor", config=config)
+    assert broken.returncode == 1
+    assert f"{summary_id}" in broken.stdout and "problem(s)" in broken.stdout
+    problems = asyncio.run(run_doctor(data_dir))
+    assert any(summary_id in p for p in problems)
+    # Repair the link (the fixture runs doctor on every database at teardown), and doctor is happy again.
+    with sqlite3.connect(data_dir / "lcm.sqlite3") as db:
+        first = db.execute(
+            "SELECT m.id FROM messages m JOIN summaries s ON s.conversation_id = m.conversation_id AND m.seq = s.start_seq WHERE s.id = ?",
+            (summary_id,),
+        ).fetchone()
+        db.execute(
+            "INSERT INTO summary_sources (summary_id, ordinal, message_id) VALUES (?, 0, ?)", (summary_id, first[0])
+        )
+    assert asyncio.run(run_doctor(data_dir)) == []
+
+
+def test_doctor_reports_a_deleted_file(
+    tmp_path: Path, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.responder = ScriptedModel()
+    proxy = start(proxy_factory, upstream_url)
+    document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
+    httpx.post(
+        f"{proxy.base_url}/chat/completions",
+        json={"model": "small", "messages": [{"role": "user", "content": f'<file name="d.txt">{document}</file>'}]},
+        headers=ALICE,
+        timeout=60,
+    )
+    data_dir = Path(str(proxy.config.general_settings.data_dir))
+    stored = [p for p in (data_dir / "files").rglob("*") if p.is_file()]
+    assert len(stored) == 1
+    content = stored[0].read_bytes()
+    stored[0].unlink()
+    problems = asyncio.run(run_doctor(data_dir))
+    assert any("is missing" in p for p in problems)
+    stored[0].write_bytes(content)  # put it back (0600) so the fixture's doctor check passes
+    os.chmod(stored[0], 0o600)
+    assert asyncio.run(run_doctor(data_dir)) == []
+
+
+async def _first_summary(data_dir: Path, conversation: str) -> str:
+    from proxy.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(data_dir)
+    await store.open()
+    try:
+        async with store.read.conn.execute(
+            "SELECT id FROM summaries WHERE conversation_id = ? AND kind = 'leaf' ORDER BY pk LIMIT 1", (conversation,)
+        ) as cursor:
+            row = await cursor.fetchone()
+        assert row is not None
+        return str(row[0])
+    finally:
+        await store.close()

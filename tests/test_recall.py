@@ -1,0 +1,218 @@
+"""Recall tools against a real store: content comes back, scope holds, hostile input is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.config import LcmSettings
+from proxy.doctor import check_database
+from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.recall import RecallTools, Scope
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
+from tests.engine_support import assistant, run, user
+
+SETTINGS = LcmSettings(
+    fresh_tail_count=4,
+    leaf_chunk_tokens=400,
+    leaf_target_tokens=60,
+    leaf_min_fanout=3,
+    condensed_min_fanout=2,
+    large_file_token_threshold=1000,
+    tool_result_token_threshold=100,
+)
+BIG = Budget(window=100_000, output_reserve=1000, tools=0)
+DOCUMENT = "".join(f"line {i}: the quick brown fox {i * 7}\n" for i in range(1, 801))
+
+
+class Summarizer:
+    model = "s"
+
+    def __init__(self) -> None:
+        self.last_user = ""
+
+    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+        self.last_user = user
+        if "Question:" in user:
+            return "The answer is in msg_1. [cites msg_1]"
+        return "Summary of an earlier discussion."
+
+    async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
+        return "A list of numbered lines."
+
+
+async def setup(tmp_path: Path, tenant: str = "alice") -> tuple[ContextEngine, RecallTools, Scope, str, str]:
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    files = FileStore(tmp_path)
+    engine = ContextEngine(store, files, SETTINGS)
+    transcript: list[dict[str, Any]] = [
+        user(f'Here is the log <file name="app.log">{DOCUMENT}</file>'),
+        assistant("Got it."),
+        user("The secret word is PERIWINKLE."),
+        assistant("Noted."),
+    ]
+    for i in range(12):
+        transcript += [user(f"Filler question {i} " * 10), assistant(f"Filler answer {i} " * 10)]
+    prepared = await engine.prepare(tenant, transcript, BIG, Summarizer())
+    conversation = prepared.conversation_id or ""
+    await engine.compactor.sweep(conversation, Summarizer())
+    file_id = prepared.messages[0]["content"].split("[LCM File: ")[1].split(" ")[0]
+    tools = RecallTools(store, files)
+    return engine, tools, await tools.scope(tenant, conversation), conversation, file_id
+
+
+def call(tools: RecallTools, scope: Scope, name: str, **args: Any) -> str:
+    return asyncio.get_event_loop().run_until_complete(tools.run(scope, name, orjson.dumps(args).decode()))
+
+
+def test_describe_file_returns_original_content_by_lines(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, _, file_id = await setup(tmp_path)
+        text = await tools.run(
+            scope, "lcm_describe", orjson.dumps({"id": file_id, "start_line": 10, "end_line": 12}).decode()
+        )
+        assert "app.log" in text and "Lines 10-12 of 800" in text
+        assert (
+            "line 10: the quick brown fox 70\nline 11: the quick brown fox 77\nline 12: the quick brown fox 84" in text
+        )
+        capped = await tools.run(scope, "lcm_describe", orjson.dumps({"id": file_id, "max_bytes": 100}).decode())
+        assert "truncated at 100 bytes" in capped and "continue with start_line=" in capped
+        assert await check_database(engine.store, engine.files) == []
+        await engine.store.close()
+
+    run(scenario())
+
+
+def test_path_traversal_and_symlinks_are_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, _, file_id = await setup(tmp_path)
+        for bad in (
+            "../../etc/passwd",
+            "/etc/passwd",
+            "file_../../etc/passwd",
+            "file_0123",
+            "sum_" + "g" * 16,
+            "msg_1; DROP TABLE x",
+        ):
+            answer = await tools.run(scope, "lcm_describe", orjson.dumps({"id": bad}).decode())
+            assert answer.startswith("Error:"), bad
+        # A tampered database row pointing outside the data directory is refused.
+        await engine.store.read.conn.execute("UPDATE files SET path = '../../../etc/passwd' WHERE id = ?", (file_id,))
+        await engine.store.read.conn.commit()
+        answer = await tools.run(scope, "lcm_describe", orjson.dumps({"id": file_id}).decode())
+        assert "cannot be read" in answer and "root:" not in answer
+        problems = await check_database(engine.store, engine.files)
+        assert any("unsafe path" in p for p in problems)
+        # A stored file replaced by a symlink to a file outside is refused too.
+        record = await engine.store.read.file("alice", file_id)
+        assert record is not None
+        await engine.store.read.conn.execute(
+            "UPDATE files SET path = ? WHERE id = ?", (engine.files.relative_path(record.sha256), file_id)
+        )
+        await engine.store.read.conn.commit()
+        target = engine.files.resolve(engine.files.relative_path(record.sha256))
+        outside = tmp_path.parent / f"outside-{os.getpid()}.txt"
+        outside.write_text("TOP SECRET OUTSIDE")
+        target.unlink()
+        target.symlink_to(outside)
+        answer = await tools.run(scope, "lcm_describe", orjson.dumps({"id": file_id}).decode())
+        assert "TOP SECRET" not in answer and "cannot be read" in answer
+        await engine.store.close()
+
+    run(scenario())
+
+
+def test_grep_regex_full_text_and_guards(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, _, file_id = await setup(tmp_path)
+        found = await tools.run(scope, "lcm_grep", orjson.dumps({"pattern": "PERIWINKLE"}).decode())
+        assert "msg_" in found and "PERIWINKLE" in found
+        in_file = await tools.run(scope, "lcm_grep", orjson.dumps({"pattern": r"fox 777\b", "scope": "files"}).decode())
+        assert file_id in in_file and "line 111" in in_file
+        full = await tools.run(
+            scope, "lcm_grep", orjson.dumps({"pattern": 'secret word" OR (', "mode": "full_text"}).decode()
+        )
+        assert "PERIWINKLE" in full  # FTS syntax in the query is neutralised, not an error
+        started = time.monotonic()
+        evil = await tools.run(
+            scope, "lcm_grep", orjson.dumps({"pattern": "(a+)+$|(x+x+)+y", "scope": "files"}).decode()
+        )
+        assert time.monotonic() - started < 10 and ("No matches" in evil or "too expensive" in evil)
+        assert (await tools.run(scope, "lcm_grep", orjson.dumps({"pattern": "a" * 1000}).decode())).startswith("Error:")
+        assert (await tools.run(scope, "lcm_grep", orjson.dumps({"pattern": "(unclosed"}).decode())).startswith(
+            "Error: invalid regular expression"
+        )
+        assert (await tools.run(scope, "lcm_grep", "not json")).startswith("Error:")
+        await engine.store.close()
+
+    run(scenario())
+
+
+def test_expand_and_expand_query(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, conversation, _ = await setup(tmp_path)
+        context = await engine.store.read.context_summaries(conversation)
+        assert context
+        top = context[0]
+        expanded = await tools.run(scope, "lcm_expand", orjson.dumps({"id": top.id}).decode())
+        if top.kind == "leaf":
+            assert "msg_" in expanded and "[LCM File:" in expanded  # source messages, stubs as stored
+        else:
+            assert '<summary id="sum_' in expanded
+        described = await tools.run(scope, "lcm_describe", orjson.dumps({"id": top.id}).decode())
+        assert f"Summary {top.id}" in described and "Time range:" in described
+        summarizer = Summarizer()
+        answer = await tools.run(
+            scope,
+            "lcm_expand_query",
+            orjson.dumps({"prompt": "What is the secret word?", "ids": [top.id]}).decode(),
+            summarizer,
+        )
+        assert "msg_1" in answer and f"Sources: {top.id}" in answer
+        assert "untrusted" not in summarizer.last_user and "Question: What is the secret word?" in summarizer.last_user
+        await engine.store.close()
+
+    run(scenario())
+
+
+def test_other_tenant_cannot_reach_anything(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, conversation, file_id = await setup(tmp_path)
+        bob = await engine.prepare("bob", [user("bob's own chat")], BIG, Summarizer())
+        bob_scope = await tools.scope("bob", bob.conversation_id or "")
+        summary_id = (await engine.store.read.context_summaries(conversation))[0].id
+        for item in (file_id, summary_id, "msg_1"):
+            answer = await tools.run(bob_scope, "lcm_describe", orjson.dumps({"id": item}).decode())
+            assert answer.startswith("Error: no"), (item, answer)
+        assert "No matches" in await tools.run(bob_scope, "lcm_grep", orjson.dumps({"pattern": "PERIWINKLE"}).decode())
+        assert (await tools.scope("bob", conversation)).conversation_ids == ()
+        await engine.store.close()
+
+    run(scenario())
+
+
+def test_fork_scope_includes_the_parent(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, tools, scope, conversation, _ = await setup(tmp_path)
+        rows = await engine.store.read.messages(conversation)
+        transcript = [orjson.loads(r.original_json) for r in rows[:3]]
+        # (the first message has a stored payload; restore it so the fork shares that prefix)
+        from proxy.engine.ingest import export_conversation
+
+        transcript = (await export_conversation(engine.store, engine.files, "alice", conversation))[:3]
+        fork = await engine.prepare("alice", [*transcript, user("a different path")], BIG, Summarizer())
+        assert fork.conversation_id != conversation
+        fork_scope = await tools.scope("alice", fork.conversation_id or "")
+        assert fork_scope.conversation_ids == (fork.conversation_id, conversation)
+        found = await tools.run(fork_scope, "lcm_grep", orjson.dumps({"pattern": "Filler answer 11"}).decode())
+        assert "msg_" in found  # a message that only the parent branch has
+        await engine.store.close()
+
+    run(scenario())
