@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import orjson
 from proxy.config import LcmSettings
 from proxy.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools, Scope
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
@@ -66,10 +66,6 @@ async def setup(tmp_path: Path, tenant: str = "alice") -> tuple[ContextEngine, R
     file_id = prepared.messages[0]["content"].split("[LCM File: ")[1].split(" ")[0]
     tools = RecallTools(store, files)
     return engine, tools, await tools.scope(tenant, conversation), conversation, file_id
-
-
-def call(tools: RecallTools, scope: Scope, name: str, **args: Any) -> str:
-    return asyncio.get_event_loop().run_until_complete(tools.run(scope, name, orjson.dumps(args).decode()))
 
 
 def test_describe_file_returns_original_content_by_lines(tmp_path: Path) -> None:
@@ -184,7 +180,7 @@ def test_expand_and_expand_query(tmp_path: Path) -> None:
 
 def test_other_tenant_cannot_reach_anything(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine, tools, scope, conversation, file_id = await setup(tmp_path)
+        engine, tools, _scope, conversation, file_id = await setup(tmp_path)
         bob = await engine.prepare("bob", [user("bob's own chat")], BIG, Summarizer())
         bob_scope = await tools.scope("bob", bob.conversation_id or "")
         summary_id = (await engine.store.read.context_summaries(conversation))[0].id
@@ -200,12 +196,8 @@ def test_other_tenant_cannot_reach_anything(tmp_path: Path) -> None:
 
 def test_fork_scope_includes_the_parent(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine, tools, scope, conversation, _ = await setup(tmp_path)
-        rows = await engine.store.read.messages(conversation)
-        transcript = [orjson.loads(r.original_json) for r in rows[:3]]
-        # (the first message has a stored payload; restore it so the fork shares that prefix)
-        from proxy.engine.ingest import export_conversation
-
+        engine, tools, _scope, conversation, _ = await setup(tmp_path)
+        # The client's own first three messages (the first one carries the big file), then a new turn.
         transcript = (await export_conversation(engine.store, engine.files, "alice", conversation))[:3]
         fork = await engine.prepare("alice", [*transcript, user("a different path")], BIG, Summarizer())
         assert fork.conversation_id != conversation
