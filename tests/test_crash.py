@@ -1,0 +1,122 @@
+"""The proxy SIGKILLed at random moments during ingest and compaction, 20 times: after every restart the
+database passes doctor and integrity_check, and no acknowledged message is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.doctor import run_doctor
+from proxy.engine.canonical import canonical
+from proxy.engine.ingest import export_conversation
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
+from tests.fakes import FakeUpstream
+from tests.sim_support import ScriptedModel
+from tests.test_cli import console_script, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start_server(config: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
+    process = subprocess.Popen(
+        [console_script(), "serve", "--config", str(config)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("server did not start")
+
+
+def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.responder = ScriptedModel()
+    port = free_port()
+    data_dir = tmp_path / "data"
+    config = tmp_path / "crash.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - {{model_name: small, litellm_params: {{model: openai/small, api_base: '{upstream_url}/v1', api_key: k-12345678}}, model_info: {{max_input_tokens: 6000}}}}\n"
+        f"general_settings: {{port: {port}, data_dir: '{data_dir}'}}\n"
+        "lcm_settings: {fresh_tail_count: 6, leaf_chunk_tokens: 800, leaf_target_tokens: 100, leaf_min_fanout: 3, condensed_min_fanout: 2, large_file_token_threshold: 1500, tool_result_token_threshold: 200}\n"
+    )
+    rng = random.Random(7)
+    acknowledged: dict[int, list[dict[str, Any]]] = {}  # client -> longest transcript answered with 200
+    transcripts: dict[int, list[dict[str, Any]]] = {
+        c: [{"role": "user", "content": f"client {c} starts"}] for c in range(4)
+    }
+    for _kill in range(20):
+        server = start_server(config, port)
+        stop = threading.Event()
+
+        def drive(c: int) -> None:
+            with httpx.Client(timeout=10) as client:
+                while not stop.is_set():
+                    t = transcripts[c]
+                    try:
+                        response = client.post(
+                            f"http://127.0.0.1:{port}/v1/chat/completions",
+                            json={"model": "small", "messages": t, "max_tokens": 300},
+                        )
+                    except httpx.TransportError:
+                        return
+                    if response.status_code == 200:
+                        acknowledged[c] = t
+                        transcripts[c] = [
+                            *t,
+                            {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]},
+                            {"role": "user", "content": f"c{c} " + "more words about the plan " * rng.randint(5, 40)},
+                        ]
+
+        threads = [threading.Thread(target=drive, args=(c,)) for c in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.2, 1.5))
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=10)
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+        problems = asyncio.run(run_doctor(data_dir))
+        assert problems == [], problems
+    assert len(acknowledged) == 4 and all(len(t) > 3 for t in acknowledged.values())
+    asyncio.run(_check_acknowledged(data_dir, acknowledged))
+
+
+async def _check_acknowledged(data_dir: Path, acknowledged: dict[int, list[dict[str, Any]]]) -> None:
+    store = SQLiteStore(data_dir)
+    await store.open()
+    try:
+        async with store.read.conn.execute("PRAGMA integrity_check") as cursor:
+            assert (await cursor.fetchone())[0] == "ok"  # type: ignore[index]
+        async with store.read.conn.execute("SELECT count(*) FROM summaries") as cursor:
+            assert (await cursor.fetchone())[0] > 0  # type: ignore[index]  # compaction did run between the kills
+        exports = [
+            await export_conversation(store, FileStore(data_dir), None, c.id)
+            for c in await store.read.conversations(None)
+        ]
+        for transcript in acknowledged.values():
+            wanted = [canonical(m) for m in transcript]
+            assert any([canonical(m) for m in e[: len(wanted)]] == wanted for e in exports), (
+                "an acknowledged transcript is missing"
+            )
+    finally:
+        await store.close()
