@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from proxy.engine.recall import RECALL_TOOL_NAMES, RECALL_TOOLS
+from proxy.engine.recall import RECALL_TOOL_NAMES, RECALL_TOOLS, clip_to_tokens
+from proxy.engine.tokens import count_message
 from proxy.routing import ResolvedModel
 from proxy.types import ChatBody, Chunk, JSONObject, Message
 from proxy.upstream import Upstream
@@ -50,33 +51,57 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
             total[key] = total.get(key, 0) + value
 
 
+ROOM_FLOOR = 200  # below this many free tokens, the next round is the final one (no more recall tools)
+CALL_OVERHEAD = 24  # tokens of an appended assistant call / tool result message beyond its text
+
+
 class RecallLoop:
-    def __init__(self, upstream: Upstream, target: ResolvedModel, run_tool: RunTool, max_rounds: int) -> None:
+    def __init__(
+        self, upstream: Upstream, target: ResolvedModel, run_tool: RunTool, max_rounds: int, room: int
+    ) -> None:
         self.upstream = upstream
         self.target = target
         self.run_tool = run_tool
         self.max_rounds = max_rounds
+        # Tokens still free in the budget after the assembled context: every round's additions come out of
+        # it, so no round's request can exceed the budget (Bounded holds for the whole loop).
+        self.room = room
+        self.final_round = max_rounds - 1
 
     def _request(
         self, body: ChatBody, messages: list[Message], round_index: int, client_tools: list[Any] | None
     ) -> ChatBody:
         request = {**body, "messages": messages}
-        if round_index == self.max_rounds - 1:
+        if round_index >= self.final_round:
             request = without_recall_tools(request, client_tools)
         return request
 
-    async def _results(self, calls: list[dict[str, Any]]) -> list[Message]:
-        results = []
+    async def _append_round(
+        self, messages: list[Message], content: str | None, calls: list[dict[str, Any]], round_index: int
+    ) -> None:
+        """Append the recall calls and their results, clipped to the room left; end the loop when full."""
+        call_message: Message = {"role": "assistant", "content": content, "tool_calls": calls}
+        self.room -= count_message(call_message) + CALL_OVERHEAD
+        share = max(0, self.room // max(1, len(calls)) - CALL_OVERHEAD)
+        results: list[Message] = []
         for call in calls:
             fn = call.get("function") or {}
-            text = await self.run_tool(str(fn.get("name")), str(fn.get("arguments") or "{}"))
-            results.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
-        return results
+            if share < 50:
+                text = "Error: the context has no room left for more recall results; answer with what you have."
+            else:
+                text = clip_to_tokens(await self.run_tool(str(fn.get("name")), str(fn.get("arguments") or "{}")), share)
+            result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
+            self.room -= count_message(result) + CALL_OVERHEAD
+            results.append(result)
+        messages += [call_message, *results]
+        if self.room < ROOM_FLOOR:
+            self.final_round = min(self.final_round, round_index + 1)
 
     async def complete(self, body: ChatBody, client_tools: list[Any] | None) -> JSONObject:
         client_names = {t.get("function", {}).get("name") for t in client_tools or [] if isinstance(t, dict)}
         messages = list(body["messages"])
         usage: dict[str, Any] = {}
+        earlier_text: list[str] = []  # text said before a recall call: streaming shows it, so this does too
         for round_index in range(self.max_rounds):
             result = await self.upstream.complete(self.target, self._request(body, messages, round_index, client_tools))
             _add_usage(usage, result.get("usage"))
@@ -84,10 +109,13 @@ class RecallLoop:
             message = choices[0].get("message", {}) if len(choices) == 1 else {}
             calls = message.get("tool_calls") or []
             recall = [c for c in calls if _is_recall(c, client_names)]
-            if recall and len(recall) == len(calls) and round_index < self.max_rounds - 1:
-                messages += [{"role": "assistant", "content": message.get("content"), "tool_calls": recall}]
-                messages += await self._results(recall)
+            if recall and len(recall) == len(calls) and round_index < self.final_round:
+                if isinstance(message.get("content"), str) and message["content"]:
+                    earlier_text.append(message["content"])
+                await self._append_round(messages, message.get("content"), recall, round_index)
                 continue
+            if earlier_text and message:
+                message["content"] = "".join(earlier_text) + (message.get("content") or "")
             if recall:  # mixed with the client's calls, or out of rounds: the client never sees recall calls
                 kept = [c for c in calls if not _is_recall(c, client_names)]
                 if kept:
@@ -141,6 +169,12 @@ class RecallLoop:
                     continue
                 choice = choices[0]
                 delta = choice.get("delta") or {}
+                if round_index > 0 and "role" in delta:  # one role delta per answer, not one per round
+                    delta = {k: v for k, v in delta.items() if k != "role"}
+                    choice = {**choice, "delta": delta}
+                    chunk = {**chunk, "choices": [choice]}
+                    if not delta and not choice.get("finish_reason"):
+                        continue
                 if delta.get("tool_calls"):
                     for tool_delta in delta["tool_calls"]:
                         index = int(tool_delta.get("index", 0))
@@ -157,6 +191,8 @@ class RecallLoop:
                         }
                         call_deltas.setdefault(index, []).append(single)
                     rest = {k: v for k, v in delta.items() if k != "tool_calls"}
+                    if choice.get("finish_reason"):  # some providers finish in the same chunk as the last delta
+                        finish = {**chunk, "choices": [{**choice, "delta": {}}]}
                     if not rest.get("content"):
                         continue
                     chunk = {**chunk, "choices": [{**choice, "delta": rest, "finish_reason": None}]}
@@ -167,10 +203,9 @@ class RecallLoop:
                     text.append(delta["content"])
                 yield chunk
             recall = [i for i, c in calls.items() if _is_recall(c, client_names)]
-            if recall and len(recall) == len(calls) and round_index < self.max_rounds - 1:
+            if recall and len(recall) == len(calls) and round_index < self.final_round:
                 recall_calls = [calls[i] for i in sorted(recall)]
-                messages += [{"role": "assistant", "content": "".join(text) or None, "tool_calls": recall_calls}]
-                messages += await self._results(recall_calls)
+                await self._append_round(messages, "".join(text) or None, recall_calls, round_index)
                 stream = await self.upstream.open_stream(
                     self.target, self._request(body, messages, round_index + 1, client_tools)
                 )

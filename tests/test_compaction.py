@@ -317,3 +317,39 @@ def test_file_ids_are_carried_into_summaries(tmp_path: Path) -> None:
         await store.close()
 
     run(scenario())
+
+
+def test_hopeless_request_changes_nothing(tmp_path: Path) -> None:
+    """A request whose fresh tail cannot fit (a huge max_tokens) fails before any compaction is stored."""
+
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("ok")
+        transcript = long_turns(10)
+        first = await engine.prepare("t", transcript, BIG, summarizer)
+        with pytest.raises(ContextLengthExceeded):
+            await engine.prepare("t", transcript, Budget(window=8000, output_reserve=7990, tools=0), summarizer)
+        assert summarizer.calls == 0
+        assert await store.read.context_summaries(first.conversation_id or "") == []
+        again = await engine.prepare("t", transcript, BIG, summarizer)
+        assert again.messages is transcript
+        assert await check_database(store, engine.files) == []  # doctor passes
+        await store.close()
+
+    run(scenario())
+
+
+def test_fallbacks_do_not_copy_the_previous_summary_forward(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Scripted("500")
+        prepared = await engine.prepare("t", long_turns(20), BIG, summarizer)
+        await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
+        async with store.read.conn.execute("SELECT content FROM summaries WHERE kind = 'leaf' ORDER BY pk") as cursor:
+            contents = [row[0] for row in await cursor.fetchall()]
+        assert len(contents) >= 3
+        assert all("<previous_context>" not in c and "<conversation>" not in c for c in contents)
+        assert len(set(contents)) == len(contents)
+        await store.close()
+
+    run(scenario())

@@ -54,9 +54,9 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
     config = tmp_path / "crash.yaml"
     config.write_text(
         "model_list:\n"
-        f"  - {{model_name: small, litellm_params: {{model: openai/small, api_base: '{upstream_url}/v1', api_key: k-12345678}}, model_info: {{max_input_tokens: 6000}}}}\n"
+        f"  - {{model_name: small, litellm_params: {{model: openai/small, api_base: '{upstream_url}/v1', api_key: k-12345678}}, model_info: {{max_input_tokens: 3000}}}}\n"
         f"general_settings: {{port: {port}, data_dir: '{data_dir}'}}\n"
-        "lcm_settings: {fresh_tail_count: 6, leaf_chunk_tokens: 800, leaf_target_tokens: 100, leaf_min_fanout: 3, condensed_min_fanout: 2, large_file_token_threshold: 1500, tool_result_token_threshold: 200}\n"
+        "lcm_settings: {fresh_tail_count: 4, leaf_chunk_tokens: 600, leaf_target_tokens: 100, leaf_min_fanout: 3, condensed_min_fanout: 2, large_file_token_threshold: 1500, tool_result_token_threshold: 200}\n"
     )
     rng = random.Random(7)
     acknowledged: dict[int, list[dict[str, Any]]] = {}  # client -> longest transcript answered with 200
@@ -67,7 +67,7 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
         server = start_server(config, port)
         stop = threading.Event()
 
-        def drive(c: int) -> None:
+        def drive(c: int, stop: threading.Event = stop) -> None:
             with httpx.Client(timeout=10) as client:
                 while not stop.is_set():
                     t = transcripts[c]

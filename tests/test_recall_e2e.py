@@ -169,3 +169,43 @@ def test_no_recall_tools_below_threshold(proxy: Any, fake_upstream: FakeUpstream
         timeout=30,
     )
     assert "tools" not in fake_upstream.last.body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_tool_loop_stays_within_budget(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    """A greedy model asking for three broad greps every round never pushes a request over the budget."""
+    from tests.sim_support import forwarded_tokens
+
+    def greedy(body: dict[str, Any]) -> Reply:
+        if is_summary_request(body):
+            return Reply(content="Summary: small talk.")
+        if any(t["function"]["name"] == "lcm_grep" for t in body.get("tools") or []):
+            n = len(body["messages"])
+            calls = [
+                {
+                    "id": f"g{n}_{i}",
+                    "type": "function",
+                    "function": {"name": "lcm_grep", "arguments": json.dumps({"pattern": ".", "limit": 50})},
+                }
+                for i in range(3)
+            ]
+            return Reply(content=None, tool_calls=calls)
+        return Reply(content="Final answer.")
+
+    fake_upstream.responder = greedy
+    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream}
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    if stream:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    else:
+        text = response.json()["choices"][0]["message"]["content"]
+    assert text == "Final answer."
+    chats = [r.body for r in fake_upstream.requests if not is_summary_request(r.body)]
+    assert len(chats) >= 2
+    for sent in chats:
+        assert forwarded_tokens(sent) + 400 <= 8000, forwarded_tokens(sent)

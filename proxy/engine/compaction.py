@@ -214,6 +214,7 @@ class Compactor:
             conversation_id,
             prompts=(leaf_prompt(target, False), leaf_prompt(target // 2, True)),
             source=f"{previous}<conversation>\n{source}\n</conversation>",
+            fallback_source=source,
             source_tokens=tokens.count_text(source),
             target_tokens=target,
             fallback_tokens=self.settings.fallback_max_tokens,

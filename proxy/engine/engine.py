@@ -60,6 +60,7 @@ class Prepared:
     compaction: Compaction
     budget: int
     recall: bool = False  # offer the recall tools with this request
+    room: int = 0  # tokens still free for messages after the assembled context (the recall loop's budget)
 
 
 class ContextEngine:
@@ -99,6 +100,9 @@ class ContextEngine:
         current = await self.compactor.context_tokens(conversation, count)
         compaction: Compaction = "none"
         if current > limit:
+            # A tail that cannot fit makes the request fail whatever compaction does: refuse it before any
+            # summarizer call or stored change (a huge max_tokens must not compact a conversation for good).
+            await self._check_tail_fits(conversation, count, budget, instruction_tokens)
             compaction = "inline"
             report = await self.compactor.sweep(conversation.id, summarizer, count=count, target_tokens=soft)
             log.info("inline compaction of %s: %s", conversation.id, report)
@@ -116,7 +120,16 @@ class ContextEngine:
         forwarded = ingested.tokens_forwarded if assembled is ingested.messages else instruction_tokens + current + 3
         mode = self.settings.retrieval_tools
         recall = mode == "always" or (mode == "auto" and assembled is not messages)  # summaries or stubs present
-        return Prepared(conversation.id, assembled, ingested.tokens_sent, forwarded, compaction, limit, recall)
+        return Prepared(
+            conversation.id,
+            assembled,
+            ingested.tokens_sent,
+            forwarded,
+            compaction,
+            limit,
+            recall,
+            max(0, limit - current),
+        )
 
     async def _assemble(
         self, conversation: ConversationRecord, instructions: Messages, transcript: Messages, ingested: IngestResult
@@ -136,6 +149,21 @@ class ContextEngine:
                 message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
             tail.append(message)
         return [*instructions, *(render_summary(s) for s in summaries), *tail]
+
+    async def _check_tail_fits(
+        self, conversation: ConversationRecord, count: int, budget: Budget, instruction_tokens: int
+    ) -> None:
+        limit = budget.for_messages(instruction_tokens)
+        tail_from = await self.compactor.tail_start(conversation.id, count)
+        tail_tokens = await self.store.read.raw_token_sum(conversation.id, tail_from, count, conversation.stubbed_upto)
+        if tail_tokens > limit:
+            raise ContextLengthExceeded(
+                f"This conversation's newest {count - tail_from} messages (the protected fresh tail) need "
+                f"{tail_tokens} tokens, but only {limit} are available for messages (context window "
+                f"{budget.window} - output reserve {budget.output_reserve} - instructions {instruction_tokens} "
+                f"- tools {budget.tools}). Shorten the latest messages, lower max_tokens, or use a larger model.",
+                param="messages",
+            )
 
     async def _evict(
         self,
@@ -164,13 +192,9 @@ class ContextEngine:
                 total -= costs[first_raw - upto]
                 first_raw += 1
         if total > limit:
-            tail_tokens = sum(costs[tail_from - upto :])
+            await self._check_tail_fits(conversation, count, budget, instruction_tokens)
             raise ContextLengthExceeded(
-                f"This conversation's newest {count - tail_from} messages (the protected fresh tail) need "
-                f"{tail_tokens} tokens, but only {limit} are available for messages (context window "
-                f"{budget.window} - output reserve {budget.output_reserve} - instructions {instruction_tokens} "
-                f"- tools {budget.tools}). Shorten the latest messages, lower max_tokens, or use a larger model.",
-                param="messages",
+                f"The conversation needs {total} tokens; {limit} are available.", param="messages"
             )
         stubbed = min(conversation.stubbed_upto, count)
         compact = {seq: c for seq, _, c in await self.store.read.patches(conversation.id, first_raw, stubbed) if c}

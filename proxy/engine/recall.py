@@ -194,7 +194,13 @@ class RecallTools:
 
     async def _file(self, scope: Scope, file_id: str) -> FileRecord:
         record = await self.store.read.file(scope.tenant, file_id)
-        if record is None:
+        in_scope = record is not None and await _fetch(
+            self.store.read.conn,
+            "SELECT 1 FROM message_files mf JOIN messages m ON m.id = mf.message_id WHERE mf.file_id = ?"
+            f" AND m.conversation_id IN ({','.join('?' * len(scope.conversation_ids))}) LIMIT 1",
+            (file_id, *scope.conversation_ids),
+        )
+        if record is None or not in_scope:
             raise RecallError(f"no stored file {file_id} in this conversation")
         return record
 

@@ -132,6 +132,7 @@ async def summarize(
     target_tokens: int,
     fallback_tokens: int,
     timeout: float,
+    fallback_source: str | None = None,
 ) -> SummaryText:
     if summarizer is not None and guard.breaker_open(summarizer.model):
         raise SummarizerUnavailable(f"summary model {summarizer.model} is refusing credentials")
@@ -161,4 +162,7 @@ async def summarize(
             content = strip_reasoning(answer or "").strip()
             if content and tokens.count_text(content) < source_tokens:
                 return SummaryText(content, level, summarizer.model)
-    return SummaryText(deterministic_fallback(source, min(fallback_tokens, max(32, source_tokens - 1))), 2, None)
+    # The fallback truncates the new material only: the previous summary passed as context must not be
+    # copied forward again and again while the summarizer is down.
+    text = fallback_source if fallback_source is not None else source
+    return SummaryText(deterministic_fallback(text, min(fallback_tokens, max(32, source_tokens - 1))), 2, None)

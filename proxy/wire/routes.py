@@ -79,7 +79,15 @@ async def chat_completions(request: Request) -> Response:
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
             if prepared.recall and prepared.conversation_id is not None:
                 return await _with_recall(
-                    state, tenant, prepared.conversation_id, target, body, summarizer, headers, background
+                    state,
+                    tenant,
+                    prepared.conversation_id,
+                    target,
+                    body,
+                    summarizer,
+                    headers,
+                    background,
+                    prepared.room,
                 )
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
@@ -105,6 +113,7 @@ async def _with_recall(
     summarizer: UpstreamSummarizer,
     headers: dict[str, str],
     background: BackgroundTask | None,
+    room: int,
 ) -> Response:
     """Offer the recall tools and run the tool loop (the client sees one ordinary answer)."""
     window = state.budget_for(target, body)
@@ -115,7 +124,7 @@ async def _with_recall(
         return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), result_cap)
 
     client_tools = body.get("tools")
-    loop = RecallLoop(state.upstream, target, run_tool, state.config.lcm_settings.max_tool_rounds)
+    loop = RecallLoop(state.upstream, target, run_tool, state.config.lcm_settings.max_tool_rounds, room)
     offered = with_recall_tools(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
