@@ -56,7 +56,7 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
         "model_list:\n"
         f"  - {{model_name: small, litellm_params: {{model: openai/small, api_base: '{upstream_url}/v1', api_key: k-12345678}}, model_info: {{max_input_tokens: 3000}}}}\n"
         f"general_settings: {{port: {port}, data_dir: '{data_dir}'}}\n"
-        "lcm_settings: {fresh_tail_count: 4, leaf_chunk_tokens: 600, leaf_target_tokens: 100, leaf_min_fanout: 3, condensed_min_fanout: 2, large_file_token_threshold: 1500, tool_result_token_threshold: 200}\n"
+        "lcm_settings: {context_threshold: 0.3, fresh_tail_count: 4, leaf_chunk_tokens: 600, leaf_target_tokens: 100, leaf_min_fanout: 3, condensed_min_fanout: 2, large_file_token_threshold: 1500, tool_result_token_threshold: 200}\n"
     )
     rng = random.Random(7)
     acknowledged: dict[int, list[dict[str, Any]]] = {}  # client -> longest transcript answered with 200
@@ -66,8 +66,9 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
     for _kill in range(20):
         server = start_server(config, port)
         stop = threading.Event()
+        answered = threading.Event()  # the new process has warmed up (LiteLLM's first call is slow)
 
-        def drive(c: int, stop: threading.Event = stop) -> None:
+        def drive(c: int, stop: threading.Event = stop, answered: threading.Event = answered) -> None:
             with httpx.Client(timeout=10) as client:
                 while not stop.is_set():
                     t = transcripts[c]
@@ -79,6 +80,7 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
                     except httpx.TransportError:
                         return
                     if response.status_code == 200:
+                        answered.set()
                         acknowledged[c] = t
                         transcripts[c] = [
                             *t,
@@ -89,7 +91,8 @@ def test_sigkill_during_ingest_and_compaction(tmp_path: Path, upstream_url: str,
         threads = [threading.Thread(target=drive, args=(c,)) for c in range(4)]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.2, 1.5))
+        answered.wait(timeout=20)
+        time.sleep(rng.uniform(0.1, 1.2))
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=10)
         stop.set()
