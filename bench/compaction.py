@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from bench.ingest import transcript as conversation
 from proxy.app import create_app
 from proxy.config import LcmSettings, parse_config
 from proxy.engine.engine import Budget, ContextEngine
@@ -43,14 +44,6 @@ class InstantSummarizer:
 
     async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
         return "A document."
-
-
-def conversation(n: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant."}]
-    for i in range(n):
-        role = "user" if i % 2 == 0 else "assistant"
-        out.append({"role": role, "content": f"Message {i}: " + "ordinary conversational text " * (4 + i % 9)})
-    return out
 
 
 async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int]:

@@ -37,14 +37,15 @@ def next_turn(transcript: list[dict[str, Any]], client: int, n: int) -> list[dic
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations)
 def test_random_client_behaviour_is_lossless(ops: list[tuple[int, str, int]]) -> None:
-    asyncio.run(_scenario(ops))
+    assert asyncio.run(_scenario(ops)) == len(ops)  # the checks run inside, after every request
 
 
-async def _scenario(ops: list[tuple[int, str, int]]) -> None:
+async def _scenario(ops: list[tuple[int, str, int]]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         async with open_engine(Path(tmp)) as (ingestor, store, files):
             transcripts: dict[int, list[dict[str, Any]]] = {}
             last_conversation: dict[int, str] = {}
+            processed = 0
             for client, kind, n in ops:
                 t = transcripts.get(client, [])
                 if kind == "continue" or not t:
@@ -62,6 +63,7 @@ async def _scenario(ops: list[tuple[int, str, int]]) -> None:
                     assert results[0].conversation_id == results[1].conversation_id
                     t = t2
                 result = await ingestor.ingest("tenant", t)
+                processed += 1
                 transcripts[client] = t
                 assert result.conversation_id is not None
                 last_conversation[client] = result.conversation_id
@@ -75,3 +77,4 @@ async def _scenario(ops: list[tuple[int, str, int]]) -> None:
             for conversation in await store.read.conversations("tenant"):
                 seqs = [m.seq for m in await store.read.messages(conversation.id)]
                 assert seqs == list(range(conversation.message_count))
+            return processed
