@@ -10,7 +10,9 @@ as ``(a+)+$`` must not freeze the proxy.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,8 @@ from proxy.store.sqlite import SQLiteStore
 RECALL_TOOL_NAMES = ("lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query")
 MAX_PATTERN = 300
 REGEX_TIMEOUT = 0.5  # seconds per searched text
+GREP_DEADLINE = 3.0  # seconds of searching per lcm_grep call
+OFF_LOOP_CHARS = 20_000  # texts longer than this are searched in a worker thread
 MAX_FILE_SCAN = 4 << 20
 DEFAULT_CAP = 4000  # tokens
 ID_PATTERN = re.compile(r"^(sum|file)_[0-9a-f]{16}$|^msg_[0-9]{1,18}$")
@@ -231,11 +235,22 @@ class RecallTools:
                 raise RecallError(f"invalid regular expression: {error}") from None
         hits: list[str] = []
 
-        def match(text: str) -> tuple[int, int] | None:
+        deadline = time.monotonic() + GREP_DEADLINE
+
+        async def match(text: str) -> tuple[int, int] | None:
+            # One deadline for the whole call, and long texts searched off the event loop: a model-chosen
+            # pattern must not stall every other request.
+            remaining = deadline - time.monotonic()
             if compiled is None:
                 return None
+            if remaining <= 0:
+                raise RecallError(f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope")
+            timeout = min(REGEX_TIMEOUT, remaining)
             try:
-                found = compiled.search(text, timeout=REGEX_TIMEOUT)
+                if len(text) > OFF_LOOP_CHARS:
+                    found = await asyncio.to_thread(compiled.search, text, timeout=timeout)
+                else:
+                    found = compiled.search(text, timeout=timeout)
             except TimeoutError:
                 raise RecallError("the regular expression is too expensive; simplify it") from None
             return found.span() if found else None
@@ -260,7 +275,7 @@ class RecallTools:
             for message_id, _conversation, seq, role, text in rows:
                 if len(hits) >= limit:
                     break
-                span = match(text) if compiled else (0, 0)
+                span = await match(text) if compiled else (0, 0)
                 if span is None:
                     continue
                 key = (seq, text)
@@ -281,7 +296,7 @@ class RecallTools:
             for summary_id, kind, depth, content in rows:
                 if len(hits) >= limit:
                     break
-                span = match(content) if compiled else (0, 0)
+                span = await match(content) if compiled else (0, 0)
                 if span is not None:
                     hits.append(f"- {summary_id} ({kind} summary, depth {depth}): {_snippet(content, span, pattern)}")
         if where in ("all", "files") and len(hits) < limit:
@@ -296,7 +311,7 @@ class RecallTools:
                 if record.kind == "base64":
                     continue
                 text = self._read(record)[:MAX_FILE_SCAN].decode("utf-8", "replace")
-                span = match(text) if compiled else _word_span(text, pattern)
+                span = await match(text) if compiled else _word_span(text, pattern)
                 if span is not None:
                     line = text.count("\n", 0, span[0]) + 1
                     hits.append(f"- {record.id} ({record.name}, line {line}): {_snippet(text, span, pattern)}")
