@@ -6,9 +6,9 @@ import argparse
 import os
 import platform
 
-from bench import compaction, ingest
+from bench import compaction, ingest, overhead
 
-BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main}
+BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main, "overhead": overhead.main}
 
 
 def main() -> None:

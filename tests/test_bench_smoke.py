@@ -17,3 +17,21 @@ def test_ingest_benchmark_prints_a_table() -> None:
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["10", "100", "1000", "5000"]
     assert all(float(cell) > 0 for row in rows for cell in row.strip("|").split("|")[1:5])
+
+
+def test_overhead_benchmark_prints_a_table() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "overhead", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    names = {
+        line.split("|")[1].strip()
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| in front")
+    }
+    assert names == {
+        "upstream directly (baseline)",
+        "bare aiohttp forwarder",
+        "bare litellm.acompletion forwarder",
+        "lcm-proxy",
+    }
