@@ -24,7 +24,7 @@ from proxy.store.sqlite import SQLiteStore
 
 
 async def _rows(store: SQLiteStore, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    async with store.read.conn.execute(sql, args) as cursor:
+    async with store.search_conn.execute(sql, args) as cursor:
         return list(await cursor.fetchall())
 
 
@@ -50,7 +50,7 @@ async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes:
             problems.append(f"migration {name} not applied")
     for table in ("messages_fts", "summaries_fts"):
         try:
-            await store.read.conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+            await store.search_conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
         except Exception as error:
             problems.append(f"full-text index {table} is out of sync with its table ({error})")
 

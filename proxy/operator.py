@@ -158,12 +158,7 @@ class Operator:
             conversation = await q.conversation(tenant, summary.conversation_id) if summary else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         elif item_id.startswith("file_"):
-            async with q.conn.execute(
-                "SELECT tenant, conversation_id FROM files WHERE id = ? AND (? IS NULL OR tenant = ?)",
-                (item_id, tenant, tenant),
-            ) as cursor:
-                row = await cursor.fetchone()
-            owner = (row[0], row[1]) if row else None
+            owner = await q.file_owner(tenant, item_id)
         elif item_id.startswith("msg_") and item_id[4:].isdigit():
             rows = await q.messages_by_id([int(item_id[4:])])
             conversation = await q.conversation(tenant, rows[0].conversation_id) if rows else None

@@ -47,7 +47,7 @@ def run(coro: Any) -> Any:
 
 
 async def row_count(store: SQLiteStore, table: str, where: str = "", args: tuple[Any, ...] = ()) -> int:
-    async with store.read.conn.execute(f"SELECT count(*) FROM {table} {where}", args) as cursor:
+    async with store.search_conn.execute(f"SELECT count(*) FROM {table} {where}", args) as cursor:
         row = await cursor.fetchone()
     assert row is not None
     return int(row[0])

@@ -83,7 +83,7 @@ async def unreachable_messages(store: SQLiteStore, conversation_id: str) -> set[
         summary_id = stack.pop()
         summary = await q.summary(summary_id)
         assert summary is not None
-        async with q.conn.execute(
+        async with store.search_conn.execute(
             "SELECT m.seq, ss.child_summary_id FROM summary_sources ss LEFT JOIN messages m ON m.id = ss.message_id"
             " WHERE ss.summary_id = ? ORDER BY ss.ordinal",
             (summary_id,),

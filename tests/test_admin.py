@@ -206,7 +206,7 @@ async def _first_summary(data_dir: Path, conversation: str) -> str:
     store = SQLiteStore(data_dir)
     await store.open()
     try:
-        async with store.read.conn.execute(
+        async with store.search_conn.execute(
             "SELECT id FROM summaries WHERE conversation_id = ? AND kind = 'leaf' ORDER BY pk LIMIT 1", (conversation,)
         ) as cursor:
             row = await cursor.fetchone()

@@ -293,7 +293,7 @@ def test_summarizer_call_cap_degrades_to_fallback(tmp_path: Path) -> None:
         prepared = await engine.prepare("t", long_turns(12), BIG, summarizer)
         report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
         assert summarizer.calls == 1 and report.leaf_passes >= 2
-        async with store.read.conn.execute("SELECT escalation FROM summaries ORDER BY created_at, pk") as cursor:
+        async with store.search_conn.execute("SELECT escalation FROM summaries ORDER BY created_at, pk") as cursor:
             escalations = [row[0] for row in await cursor.fetchall()]
         assert escalations.count(0) == 1 and escalations.count(2) == len(escalations) - 1 >= 1
         assert await check_database(store, engine.files) == []  # doctor passes
@@ -345,7 +345,7 @@ def test_fallbacks_do_not_copy_the_previous_summary_forward(tmp_path: Path) -> N
         summarizer = Scripted("500")
         prepared = await engine.prepare("t", long_turns(20), BIG, summarizer)
         await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
-        async with store.read.conn.execute("SELECT content FROM summaries WHERE kind = 'leaf' ORDER BY pk") as cursor:
+        async with store.search_conn.execute("SELECT content FROM summaries WHERE kind = 'leaf' ORDER BY pk") as cursor:
             contents = [row[0] for row in await cursor.fetchall()]
         assert len(contents) >= 3
         assert all("<previous_context>" not in c and "<conversation>" not in c for c in contents)

@@ -108,9 +108,9 @@ async def _check_acknowledged(data_dir: Path, acknowledged: dict[int, list[dict[
     store = SQLiteStore(data_dir)
     await store.open()
     try:
-        async with store.read.conn.execute("PRAGMA integrity_check") as cursor:
+        async with store.search_conn.execute("PRAGMA integrity_check") as cursor:
             assert (await cursor.fetchone())[0] == "ok"  # type: ignore[index]
-        async with store.read.conn.execute("SELECT count(*) FROM summaries") as cursor:
+        async with store.search_conn.execute("SELECT count(*) FROM summaries") as cursor:
             assert (await cursor.fetchone())[0] > 0  # type: ignore[index]  # compaction did run between the kills
         exports = [
             await export_conversation(store, FileStore(data_dir), None, c.id)

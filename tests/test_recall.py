@@ -100,8 +100,8 @@ def test_path_traversal_and_symlinks_are_refused(tmp_path: Path) -> None:
             answer = await tools.run(scope, "lcm_describe", orjson.dumps({"id": bad}).decode())
             assert answer.startswith("Error:"), bad
         # A tampered database row pointing outside the data directory is refused.
-        await engine.store.read.conn.execute("UPDATE files SET path = '../../../etc/passwd' WHERE id = ?", (file_id,))
-        await engine.store.read.conn.commit()
+        await engine.store.search_conn.execute("UPDATE files SET path = '../../../etc/passwd' WHERE id = ?", (file_id,))
+        await engine.store.search_conn.commit()
         answer = await tools.run(scope, "lcm_describe", orjson.dumps({"id": file_id}).decode())
         assert "cannot be read" in answer and "root:" not in answer
         problems = await check_database(engine.store, engine.files)
@@ -109,10 +109,10 @@ def test_path_traversal_and_symlinks_are_refused(tmp_path: Path) -> None:
         # A stored file replaced by a symlink to a file outside is refused too.
         record = await engine.store.read.file("alice", file_id)
         assert record is not None
-        await engine.store.read.conn.execute(
+        await engine.store.search_conn.execute(
             "UPDATE files SET path = ? WHERE id = ?", (engine.files.relative_path(record.sha256), file_id)
         )
-        await engine.store.read.conn.commit()
+        await engine.store.search_conn.commit()
         target = engine.files.resolve(engine.files.relative_path(record.sha256))
         outside = tmp_path.parent / f"outside-{os.getpid()}.txt"
         outside.write_text("TOP SECRET OUTSIDE")

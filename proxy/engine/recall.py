@@ -199,7 +199,7 @@ class RecallTools:
     async def _file(self, scope: Scope, file_id: str) -> FileRecord:
         record = await self.store.read.file(scope.tenant, file_id)
         in_scope = record is not None and await _fetch(
-            self.store.read.conn,
+            self.store.search_conn,
             "SELECT 1 FROM message_files mf JOIN messages m ON m.id = mf.message_id WHERE mf.file_id = ?"
             f" AND m.conversation_id IN ({','.join('?' * len(scope.conversation_ids))}) LIMIT 1",
             (file_id, *scope.conversation_ids),
@@ -255,7 +255,7 @@ class RecallTools:
                 raise RecallError("the regular expression is too expensive; simplify it") from None
             return found.span() if found else None
 
-        conn = self.store.read.conn
+        conn = self.store.search_conn
         placeholders = ",".join("?" * len(scope.conversation_ids))
         if where in ("all", "messages"):
             if mode == "full_text":
@@ -330,7 +330,7 @@ class RecallTools:
         return await self._describe_message(scope, int(item_id[4:]))
 
     async def _describe_summary(self, scope: Scope, summary: SummaryRecord) -> str:
-        conn = self.store.read.conn
+        conn = self.store.search_conn
         parents = [
             row[0]
             for row in await _fetch(
@@ -378,7 +378,7 @@ class RecallTools:
 
     async def _describe_message(self, scope: Scope, message_id: int) -> str:
         rows = await _fetch(
-            self.store.read.conn,
+            self.store.search_conn,
             f"SELECT seq FROM messages WHERE id = ? AND conversation_id IN ({','.join('?' * len(scope.conversation_ids))})",
             (message_id, *scope.conversation_ids),
         )
@@ -432,7 +432,7 @@ class RecallTools:
         if not ids:
             query = args.get("query") or prompt
             found = await _fetch(
-                self.store.read.conn,
+                self.store.search_conn,
                 "SELECT s.id FROM summaries_fts f JOIN summaries s ON s.pk = f.rowid WHERE summaries_fts MATCH ?"
                 f" AND s.conversation_id IN ({','.join('?' * len(scope.conversation_ids))}) ORDER BY bm25(summaries_fts) LIMIT 5",
                 (fts_query(str(query)), *scope.conversation_ids),
