@@ -120,6 +120,26 @@ def _is_connection_failure(exc: BaseException) -> bool:
     return False
 
 
+def _is_cut_off(exc: BaseException) -> bool:
+    """The connection broke while a response body was being read (reset, incomplete chunked body)."""
+    return any(
+        (isinstance(e, httpx.TransportError) and not isinstance(e, httpx.TimeoutException))
+        or type(e).__name__ in ("ClientPayloadError", "ServerDisconnectedError")
+        for e in _walk_causes(exc)
+    )
+
+
+MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale, together
+
+
+def _request_not_sent(exc: BaseException) -> bool:
+    """Writing the request failed: a pooled keep-alive connection that the upstream closed just as it was
+    reused (a busy event loop widens that window). The upstream received no complete request."""
+    return any(
+        isinstance(e, httpx.WriteError) or type(e).__name__ == "ClientConnectionResetError" for e in _walk_causes(exc)
+    )
+
+
 def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, str | None]:
     """The upstream's own error message, type, code and param, when the exception carries them."""
     body = getattr(exc, "body", None)
@@ -135,7 +155,7 @@ def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, s
     return message, None, None, None
 
 
-def translate_exception(exc: BaseException, timeout: float | None = None) -> ProxyError:
+def translate_exception(exc: BaseException, timeout: float | None = None, api_key: str | None = None) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
     status = getattr(exc, "status_code", None)
@@ -146,19 +166,21 @@ def translate_exception(exc: BaseException, timeout: float | None = None) -> Pro
     if not has_response and _is_connection_failure(exc):
         return UpstreamConnectionError("Could not connect to the upstream provider.")
     message, kind, code, param = _upstream_fields(exc)
+    if api_key:  # some providers echo the key they were sent; it must reach neither the client nor the log
+        message = message.replace(api_key, "[redacted]")
     if isinstance(status, int) and 400 <= status < 600:
         return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
     return UpstreamError(f"Upstream call failed: {message}", status=502)
 
 
 @contextmanager
-def map_litellm_exceptions(timeout: float | None = None) -> Iterator[None]:
+def map_litellm_exceptions(timeout: float | None = None, api_key: str | None = None) -> Iterator[None]:
     try:
         yield
     except (ProxyError, asyncio.CancelledError):
         raise
     except Exception as exc:
-        translated = translate_exception(exc, timeout)
+        translated = translate_exception(exc, timeout, api_key)
         log.info("upstream error %s: %s", translated.status, translated.message)
         raise translated from exc
 
@@ -210,8 +232,11 @@ def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
 class UpstreamStream:
     """An open streamed completion: async-iterates OpenAI chunk dicts, always closed exactly once."""
 
-    def __init__(self, wrapper: Any, first: Any, include_usage: bool, timeout: float) -> None:
+    def __init__(
+        self, wrapper: Any, first: Any, include_usage: bool, timeout: float, api_key: str | None = None
+    ) -> None:
         self._wrapper = wrapper
+        self._api_key = api_key
         self._first = first
         self._include_usage = include_usage
         self._timeout = timeout
@@ -225,8 +250,18 @@ class UpstreamStream:
                 data = chunk_to_json(chunk, self._include_usage)
                 if data is not None:
                     yield data
-                with map_litellm_exceptions(self._timeout):
-                    chunk = await anext(self._wrapper, None)
+                try:
+                    with map_litellm_exceptions(self._timeout, self._api_key):
+                        chunk = await anext(self._wrapper, None)
+                except UpstreamError as error:
+                    # A connection that breaks mid-body is a cut-off stream too, not the provider's own error.
+                    if isinstance(error, UpstreamTimeoutError) or not _is_cut_off(error):
+                        raise
+                    raise UpstreamError(
+                        "The upstream provider closed the stream before the response was complete.",
+                        status=502,
+                        code="upstream_stream_truncated",
+                    ) from error
         finally:
             await self.aclose()
 
@@ -308,11 +343,15 @@ class Upstream:
 
     async def _call(self, kwargs: dict[str, Any], timeout: float) -> Any:
         attempt = 0
+        resent = 0
         while True:
             try:
-                with map_litellm_exceptions(timeout):
+                with map_litellm_exceptions(timeout, kwargs.get("api_key")):
                     return await self._litellm.acompletion(**kwargs)
             except UpstreamError as exc:
+                if resent < MAX_UNSENT_RESENDS and _request_not_sent(exc):
+                    resent += 1  # not a retry (the upstream saw nothing): at once, on another connection
+                    continue
                 retryable = exc.status == 429 or exc.status >= 500
                 if not retryable or attempt >= self._settings.upstream_retries:
                     raise
@@ -329,10 +368,10 @@ class Upstream:
         kwargs, timeout = self._kwargs(target, body, stream=True)
         wrapper = await self._call(kwargs, timeout)
         try:
-            with map_litellm_exceptions(timeout):
+            with map_litellm_exceptions(timeout, kwargs.get("api_key")):
                 first = await anext(wrapper, None)
         except BaseException:
             await UpstreamStream(wrapper, None, False, timeout).aclose()
             raise
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return UpstreamStream(wrapper, first, include_usage, timeout)
+        return UpstreamStream(wrapper, first, include_usage, timeout, kwargs.get("api_key"))

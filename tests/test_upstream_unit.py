@@ -125,3 +125,55 @@ def test_missing_key_with_api_base_never_sends_proxy_environment_key(
 def test_translate_unknown_exception_is_502() -> None:
     error = translate_exception(RuntimeError("weird"))
     assert error.status == 502 and "weird" in error.message
+
+
+def test_request_that_could_not_be_written_is_sent_again_once() -> None:
+    """A pooled keep-alive connection that the upstream closed just as it was reused: writing the request
+    fails, the upstream saw nothing, so it is sent again at once (up to three times) even with
+    upstream_retries=0 (the load run got 502 "Could not connect" for it). A connection that cannot be opened
+    is not sent again."""
+    litellm = load_litellm()
+    previous = litellm.disable_aiohttp_transport
+    litellm.disable_aiohttp_transport = True
+    upstream = Upstream(GeneralSettings(request_timeout=2, upstream_retries=0))
+    try:
+        with respx.mock() as mock:
+            route = mock.post(f"{API}/chat/completions")
+            route.side_effect = [httpx.WriteError("Cannot write to closing transport"), httpx.Response(200, json=OK)]
+            assert run(upstream.complete(TARGET, BODY))["choices"][0]["message"]["content"] == "yo"
+        assert route.call_count == 2
+        with respx.mock() as mock:
+            route = mock.post(f"{API}/chat/completions")
+            route.side_effect = [httpx.WriteError("closing")] * 4 + [httpx.Response(200, json=OK)]
+            with pytest.raises(UpstreamConnectionError):
+                run(upstream.complete(TARGET, BODY))
+        assert route.call_count == 4  # a bounded number of times, not in a loop
+        with respx.mock() as mock:
+            route = mock.post(f"{API}/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+            with pytest.raises(UpstreamConnectionError):
+                run(upstream.complete(TARGET, BODY))
+        assert route.call_count == 1
+    finally:
+        litellm.disable_aiohttp_transport = previous
+
+
+def test_aiohttp_write_failure_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same through LiteLLM's aiohttp transport, as it arrives there: httpx.ConnectError("Can not write
+    request body") caused by aiohttp's ClientConnectionResetError."""
+    import aiohttp
+
+    upstream = Upstream(GeneralSettings(request_timeout=2, upstream_retries=0))
+    calls: list[int] = []
+
+    async def acompletion(**kwargs: Any) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            try:
+                raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+            except aiohttp.ClientConnectionResetError as exc:
+                raise httpx.ConnectError("Can not write request body for http://upstream.test") from exc
+        return "answered"
+
+    monkeypatch.setattr(upstream._litellm, "acompletion", acompletion)
+    assert run(upstream._call({}, 2.0)) == "answered"
+    assert len(calls) == 2

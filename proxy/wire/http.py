@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from proxy.errors import InvalidRequestError, PayloadTooLargeError, ProxyError
@@ -31,11 +31,19 @@ async def read_json_body(request: Request, limit: int) -> Any:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client hung up mid-upload (its own timeout): nobody reads the answer, and it is not a proxy bug.
+        raise InvalidRequestError(
+            "The client closed the connection before the request body was complete.",
+            status=499,
+            code="client_closed_request",
+        ) from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.", code="invalid_body")
