@@ -6,9 +6,9 @@ import argparse
 import os
 import platform
 
-from bench import compaction, ingest, overhead
+from bench import compaction, ingest, load, overhead
 
-BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main, "overhead": overhead.main}
+BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main, "overhead": overhead.main, "load": load.main}
 
 
 def main() -> None:
