@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -48,7 +49,6 @@ TRANSLATED_PARAMS = frozenset(
     }
 )  # fmt: skip
 _NOISE_KEYS = ("provider_specific_fields", "citations")
-PLACEHOLDER_MESSAGES = [{"role": "user", "content": "(lcm-proxy sends the messages in extra_body)"}]
 
 _litellm: Any = None
 
@@ -70,20 +70,51 @@ def load_litellm() -> Any:
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners on stdout
     litellm.telemetry = False
     litellm.drop_params = False
+    _skip_cost_tracking(litellm)
     _litellm = litellm
     return litellm
 
 
-def _is_passthrough(litellm: Any, params: dict[str, Any]) -> bool:
+def _no_cost(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _skip_cost_tracking(litellm: Any) -> None:
+    """LiteLLM prices every response (and again when a stream ends) against its model map: ~1 ms of CPU per
+    call here, for a figure this proxy never reads. Every pricing path goes through the module attribute
+    ``litellm.response_cost_calculator``; a stand-in that prices nothing leaves ``response_cost`` unset.
+    ``tests/test_upstream_unit.py`` fails if a LiteLLM upgrade moves the pricing elsewhere."""
+    litellm.response_cost_calculator = _no_cost
+
+
+@contextmanager
+def _without_success_logging() -> Iterator[None]:
+    """Mark the call as one of LiteLLM's internal calls: it then schedules no asynchronous success-logging task
+    (a standard logging payload built per call for callbacks that this proxy never registers; ~0.5 ms of
+    CPU). Callbacks cannot be configured through lcm-proxy, so nothing is lost."""
+    from litellm._internal_context import is_internal_call
+
+    token = is_internal_call.set(True)
+    try:
+        yield
+    finally:
+        is_internal_call.reset(token)
+
+
+@functools.lru_cache(maxsize=256)
+def _is_passthrough_model(model: str, custom_llm_provider: str | None, api_base: str | None) -> bool:
+    litellm = load_litellm()
     try:
         _, provider, _, _ = litellm.get_llm_provider(
-            model=params["model"],
-            custom_llm_provider=params.get("custom_llm_provider"),
-            api_base=params.get("api_base"),
+            model=model, custom_llm_provider=custom_llm_provider, api_base=api_base
         )
     except Exception:
         return False
     return provider == "openai" or provider in litellm.openai_compatible_providers
+
+
+def _is_passthrough(params: dict[str, Any]) -> bool:
+    return _is_passthrough_model(str(params["model"]), params.get("custom_llm_provider"), params.get("api_base"))
 
 
 # --- error translation -------------------------------------------------------------------------------------
@@ -324,11 +355,12 @@ class Upstream:
             # A real keyword: inside extra_body LiteLLM silently drops the usage chunk.
             kwargs["stream_options"] = copy.deepcopy(body["stream_options"])
         extras = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
-        if _is_passthrough(self._litellm, params):
+        if _is_passthrough(params):
             # The real messages ride in extra_body, which the OpenAI SDK merges into the JSON last. LiteLLM
-            # and the SDK only see a placeholder: the SDK's recursive TypedDict transform of ``messages`` costs
-            # ~0.14 ms per message (140 ms for 1,000), and LiteLLM's rewrites must not reach the wire anyway.
-            kwargs["messages"] = PLACEHOLDER_MESSAGES
+            # and the SDK see none: the SDK's recursive TypedDict transform of ``messages`` costs ~0.14 ms per
+            # message (140 ms for 1,000; even a one-message placeholder cost ~0.4 ms), and LiteLLM's rewrites
+            # must not reach the wire anyway. A fresh list: some LiteLLM providers edit the list in place.
+            kwargs["messages"] = []
             kwargs["extra_body"] = {**copy.deepcopy(extras), "messages": body["messages"]}
         else:
             # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
@@ -346,7 +378,7 @@ class Upstream:
         resent = 0
         while True:
             try:
-                with map_litellm_exceptions(timeout, kwargs.get("api_key")):
+                with map_litellm_exceptions(timeout, kwargs.get("api_key")), _without_success_logging():
                     return await self._litellm.acompletion(**kwargs)
             except UpstreamError as exc:
                 if resent < MAX_UNSENT_RESENDS and _request_not_sent(exc):

@@ -177,3 +177,56 @@ def test_aiohttp_write_failure_is_sent_again(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(upstream._litellm, "acompletion", acompletion)
     assert run(upstream._call({}, 2.0)) == "answered"
     assert len(calls) == 2
+
+
+def test_litellm_prices_nothing_and_schedules_no_success_logging(
+    upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cost tracking (streamed or not) and LiteLLM's success-logging task for non-streamed calls are switched
+    off (about a quarter of LiteLLM's CPU per call); a LiteLLM upgrade that moves either back onto the request
+    path fails here. (A stream's end-of-stream logging task is unconditional in LiteLLM.) The provider still
+    receives the client's messages, not LiteLLM's empty stand-in."""
+    from litellm import cost_calculator
+    from litellm.litellm_core_utils.litellm_logging import Logging
+
+    priced: list[int] = []
+    logged: list[int] = []
+    original_cost = cost_calculator.completion_cost
+    original_log = Logging.async_success_handler
+
+    def counting_cost(*args: Any, **kwargs: Any) -> Any:
+        priced.append(1)
+        return original_cost(*args, **kwargs)
+
+    async def counting_log(self: Any, *args: Any, **kwargs: Any) -> Any:
+        logged.append(1)
+        return await original_log(self, *args, **kwargs)
+
+    monkeypatch.setattr(cost_calculator, "completion_cost", counting_cost)
+    monkeypatch.setattr(Logging, "async_success_handler", counting_log)
+    stream_body = (
+        b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"real","choices":[{"index":0,'
+        b'"delta":{"role":"assistant","content":"yo"},"finish_reason":null}]}\n\n'
+        b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"real","choices":[{"index":0,'
+        b'"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    )
+
+    async def both() -> tuple[Any, list[Any]]:
+        answer = await upstream.complete(TARGET, BODY)
+        await asyncio.sleep(0.05)  # a scheduled logging task would have run by now
+        assert logged == []
+        stream = await upstream.open_stream(TARGET, {**BODY, "stream": True})
+        return answer, [chunk async for chunk in stream]
+
+    with respx.mock() as mock:
+        route = mock.post(f"{API}/chat/completions").mock(
+            side_effect=[
+                httpx.Response(200, json=OK),
+                httpx.Response(200, content=stream_body, headers={"content-type": "text/event-stream"}),
+            ]
+        )
+        answer, chunks = run(both())
+    assert answer["choices"][0]["message"]["content"] == "yo"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "yo"
+    assert [json.loads(call.request.content)["messages"] for call in route.calls] == [BODY["messages"]] * 2
+    assert priced == []
