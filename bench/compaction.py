@@ -1,9 +1,11 @@
 """Compaction: per-request overhead as conversations grow, and what a long simulated session forwards.
 
 1. Overhead: the context engine's ``prepare`` (ingest + budget + assembly; the summarizer is an instant
-   stub, so summarizer time is excluded) on a continuation of an already-compacted conversation of 100,
-   1,000 and 5,000 messages; and a real request through the proxy compared with the same request sent
-   straight to the fake upstream (the baseline), on loopback.
+   stub, so summarizer time is excluded) on a continuation of an already-compacted conversation of 10,
+   100, 1,000 and 5,000 messages, with the peak of Python memory allocated during one such request
+   (tracemalloc, measured on a separate repeat since tracing slows everything); and a real request through
+   the proxy compared with the same request sent straight to the fake upstream (the baseline), on loopback.
+   The process's peak RSS closes the table.
 2. Simulation: the 300-turn session of ``tests/test_compaction_sim.py`` (8k window, tool calls with
    parallel results, large tool outputs, pasted files) through the real proxy: tokens the client sent vs
    tokens forwarded, summarizer calls per 100 turns, and the share of consecutive requests whose forwarded
@@ -13,9 +15,11 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import statistics
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ from tests.servers import serve_in_thread
 from tests.sim_support import ScriptedModel, Stats, forwarded_tokens, is_summary_request
 from tests.test_compaction_sim import MAX_TOKENS, SIM_LCM, TOOLS, WINDOW, tool_result, user_turn
 
-SIZES = (100, 1000, 5000)
+SIZES = (10, 100, 1000, 5000)
 
 
 class InstantSummarizer:
@@ -46,7 +50,12 @@ class InstantSummarizer:
         return "A document."
 
 
-async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int]:
+def continued(messages: list[dict[str, Any]], r: int) -> list[dict[str, Any]]:
+    return [*messages, {"role": "assistant", "content": f"reply {r}"}, {"role": "user", "content": f"next {r}"}]
+
+
+async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int, int]:
+    """Median prepare time, tokens sent and forwarded, and the peak bytes one request allocates."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp))
         await store.open()
@@ -56,17 +65,18 @@ async def engine_overhead(n: int, repeats: int) -> tuple[float, int, int]:
         first = await engine.prepare("bench", messages, budget, InstantSummarizer())
         times = []
         for r in range(repeats):
-            messages = [
-                *messages,
-                {"role": "assistant", "content": f"reply {r}"},
-                {"role": "user", "content": f"next {r}"},
-            ]
+            messages = continued(messages, r)
             start = time.perf_counter()
             prepared = await engine.prepare("bench", messages, budget, InstantSummarizer())
             times.append(time.perf_counter() - start)
+        messages = continued(messages, repeats)
+        tracemalloc.start()
+        await engine.prepare("bench", messages, budget, InstantSummarizer())
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
         await store.close()
         assert first.conversation_id == prepared.conversation_id
-        return statistics.median(times), prepared.tokens_sent, prepared.tokens_forwarded
+        return statistics.median(times), prepared.tokens_sent, prepared.tokens_forwarded, peak
 
 
 def proxy_config(upstream: str, data_dir: str, lcm: dict[str, Any]) -> Any:
@@ -96,11 +106,7 @@ def http_overhead(proxy: str, upstream: str, n: int, repeats: int) -> tuple[floa
         client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})  # ingest + compact
         via, direct = [], []
         for r in range(repeats):
-            messages = [
-                *messages,
-                {"role": "assistant", "content": f"reply {r}"},
-                {"role": "user", "content": f"next {r}"},
-            ]
+            messages = continued(messages, r)
             start = time.perf_counter()
             client.post(f"{upstream}/v1/chat/completions", json={"model": "m", "messages": messages})
             direct.append(time.perf_counter() - start)
@@ -148,18 +154,20 @@ def main(quick: bool = False) -> None:
     repeats = 5 if quick else 15
     print("\n## compaction: per-request overhead (continuation of a compacted conversation, median)\n")
     print(
-        "| messages | engine prepare ms | tokens sent | tokens forwarded | via proxy ms | direct to upstream ms (baseline) | added ms |"
+        "| messages | engine prepare ms | peak memory of one request KiB | tokens sent | tokens forwarded | via proxy ms | direct to upstream ms (baseline) | added ms |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     fake = FakeUpstream()
     with serve_in_thread(fake.app) as upstream, tempfile.TemporaryDirectory() as tmp:
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/a", {}))) as proxy:
             for n in SIZES:
-                prepare, sent, fwd = asyncio.run(engine_overhead(n, repeats))
+                prepare, sent, fwd, peak = asyncio.run(engine_overhead(n, repeats))
                 via, direct = http_overhead(proxy, upstream, n, repeats)
                 print(
-                    f"| {n} | {prepare * 1000:.2f} | {sent} | {fwd} | {via * 1000:.2f} | {direct * 1000:.2f} | {(via - direct) * 1000:.2f} |"
+                    f"| {n} | {prepare * 1000:.2f} | {peak / 1024:.0f} | {sent} | {fwd} | {via * 1000:.2f} | {direct * 1000:.2f} | {(via - direct) * 1000:.2f} |"
                 )
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        print(f"\nPeak RSS of the benchmark process (client, proxy and fake upstream together): {rss:.0f} MiB")
         turns = 60 if quick else 300
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
             result = simulation(proxy, fake, turns)
