@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from hypothesis import HealthCheck, given, settings
@@ -99,3 +100,83 @@ def test_fuzzed_requests_never_5xx(proxy: RunningProxy, fake_upstream: FakeUpstr
         check()
     assert sum(seen.values()) >= 1000
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0  # both valid and invalid requests were generated
+
+
+# Ids, query values and header values as a client or an attacker might send them: real-looking ids,
+# traversal, percent-encoding, control characters, huge numbers, unicode.
+odd_text = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["..", "../../etc/passwd", "%2e%2e%2f", "sum_", "file_", "msg_", "msg_99999999999999999999"]),
+    st.from_regex(r"(sum|file|conv|msg)_[0-9a-f]{0,20}", fullmatch=True),
+    st.integers(-(2**70), 2**70).map(str),
+)
+admin_requests = st.tuples(
+    st.sampled_from(
+        [
+            ("GET", "/lcm/conversations"),
+            ("GET", "/lcm/conversations/{id}"),
+            ("GET", "/lcm/conversations/{id}/messages"),
+            ("GET", "/lcm/conversations/{id}/context"),
+            ("GET", "/lcm/conversations/{id}/grep"),
+            ("POST", "/lcm/conversations/{id}/compact"),
+            ("GET", "/lcm/summaries/{id}"),
+            ("GET", "/lcm/files/{id}"),
+        ]
+    ),
+    odd_text,
+    st.dictionaries(
+        st.sampled_from(["limit", "pattern", "mode", "start_line", "end_line", "model"]), odd_text, max_size=4
+    ),
+)
+HEADER_CHARS = frozenset(map(chr, [*range(0x20, 0x7F), *range(0xA0, 0x100)]))
+header_values = st.text(alphabet=sorted(HEADER_CHARS), min_size=1, max_size=250)
+raw_bodies = st.one_of(
+    st.binary(max_size=200),  # not JSON, maybe not UTF-8
+    st.text(max_size=200).map(str.encode),
+    st.sampled_from([b"", b"null", b"[]", b'{"model": "test-model", "messages": [', b"\xff\xfe{}", b"{" * 5000]),
+)
+
+
+def test_fuzzed_admin_routes_headers_and_raw_bodies_never_5xx(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """The rest of the surface: every admin route with generated ids and query values, the conversation
+    header with generated values, and raw bodies that are not JSON (or not UTF-8) with assorted content types."""
+    seen: dict[int, int] = {}
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client, httpx.Client(base_url=proxy.url) as admin:
+        # Something real to find: generated requests sometimes name the stored conversation.
+        first = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+        stored = client.post("/chat/completions", json=first).headers["x-lcm-conversation-id"]
+
+        def record(response: httpx.Response) -> None:
+            seen[response.status_code] = seen.get(response.status_code, 0) + 1
+            assert response.status_code < 500, response.text
+            if response.status_code >= 400:
+                assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+        @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(request=admin_requests, real_id=st.booleans())
+        def check_admin(request: tuple[tuple[str, str], str, dict[str, str]], real_id: bool) -> None:
+            (method, template), item_id, params = request
+            if real_id:
+                item_id = stored
+            # Percent-encoded except dots and percent signs, so "..", "%2e%2e%2f" and friends arrive as sent.
+            path = template.replace("{id}", quote(item_id, safe=".%") or "x")
+            record(admin.request(method, path, params=params))
+
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(
+            body=raw_bodies,
+            content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=latin-1"]),
+            conversation=st.one_of(st.none(), odd_text, header_values),
+        )
+        def check_chat(body: bytes, content_type: str, conversation: str | None) -> None:
+            headers: dict[str, str | bytes] = {"content-type": content_type}
+            # Only what HTTP allows in a header value (the server itself refuses the rest, before the app).
+            conversation = "".join(c for c in conversation or "" if c in HEADER_CHARS).strip()
+            if conversation:
+                headers["x-lcm-conversation-id"] = conversation.encode("latin-1")
+            record(client.post("/chat/completions", content=body, headers=headers))
+
+        check_admin()
+        check_chat()
+    assert sum(seen.values()) >= 800
+    assert seen.get(404, 0) > 0 and seen.get(400, 0) > 0 and seen.get(200, 0) > 0
