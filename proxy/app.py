@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import os
 import time
@@ -95,7 +96,9 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(InternalError("Internal error in lcm-proxy. The request was not forwarded."))
 
 
-def create_app(config: ProxyConfig) -> Starlette:
+def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
+    """``serving``: this process exists to serve the app (``lcm-proxy serve``), so it may warm LiteLLM up and
+    freeze its startup heap; tests that build many apps in one process leave it off."""
     state = AppState(
         config=config,
         router=ModelRouter(config.model_list),
@@ -119,6 +122,14 @@ def create_app(config: ProxyConfig) -> Starlette:
             "authentication: %s",
             f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
         )
+        if serving:
+            # LiteLLM leaves ~370,000 long-lived objects on the heap, and every full garbage collection walks
+            # them all: 170-210 ms, a pause that lands in some request's latency every few hundred requests
+            # (p99 at 8 clients was ~250 ms for a ~4 ms p50). Once LiteLLM's lazy imports are done, freezing
+            # the heap moves those objects out of the collector's sight; a full collection then takes ~2 ms.
+            await state.upstream.warm_up()
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
@@ -143,4 +154,4 @@ def create_app(config: ProxyConfig) -> Starlette:
 
 def app_from_environment() -> Starlette:
     """Factory for ``uvicorn --factory`` and multi-worker serving: the config path comes from the env."""
-    return create_app(load_config(os.environ[CONFIG_ENV]))
+    return create_app(load_config(os.environ[CONFIG_ENV]), serving=True)

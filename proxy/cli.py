@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         from proxy.app import create_app
 
-        uvicorn.run(create_app(config), **common)
+        uvicorn.run(create_app(config, serving=True), **common)
     return 0
 
 

@@ -17,10 +17,12 @@ Three jobs:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -389,6 +391,28 @@ class Upstream:
                     raise
                 attempt += 1
                 await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+
+    async def warm_up(self) -> None:
+        """Make one failing call, streamed and not, so LiteLLM's lazy imports (~0.3 s, the OpenAI client, its
+        transport) happen now rather than in the first user's request, and before the server freezes its
+        startup heap (see ``proxy.app``). The call goes to a loopback port that is bound but not listening:
+        the connection is refused at once and nothing leaves the machine."""
+        with socket.socket() as refused:
+            refused.bind(("127.0.0.1", 0))
+            api_base = f"http://127.0.0.1:{refused.getsockname()[1]}/v1"
+            for stream in (False, True):
+                with contextlib.suppress(Exception), _without_success_logging():
+                    await self._litellm.acompletion(
+                        model="openai/lcm-proxy-warm-up",
+                        messages=[],
+                        extra_body={"messages": [{"role": "user", "content": "warm-up"}]},
+                        api_base=api_base,
+                        api_key="warm-up",
+                        stream=stream,
+                        timeout=5,
+                        max_retries=0,
+                        num_retries=0,
+                    )
 
     async def complete(self, target: ResolvedModel, body: ChatBody) -> JSONObject:
         kwargs, timeout = self._kwargs(target, body, stream=False)
