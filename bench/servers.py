@@ -3,38 +3,65 @@
 * ``fake``    — the fake OpenAI-compatible upstream (tests/fakes.py) under uvicorn;
 * ``aiohttp`` — a bare pass-through forwarder (Starlette + aiohttp): the floor for a Python proxy;
 * ``litellm`` — a bare forwarder that calls ``litellm.acompletion`` and nothing else.
+
+Both forwarders stream when the client asks for it, and answer ``GET /healthz`` once they are ready.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+SSE = "text/event-stream"
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
 
 
 def aiohttp_forwarder(upstream: str) -> Starlette:
     import aiohttp
 
-    session: dict[str, Any] = {}
+    sessions: list[aiohttp.ClientSession] = []
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession() as session:
+            sessions.append(session)
+            yield
 
     async def chat(request: Request) -> Response:
-        if "s" not in session:
-            session["s"] = aiohttp.ClientSession()
-        async with session["s"].post(
+        # A pure pass-through: the body is never parsed; the upstream's content type says whether to stream.
+        upstream_response = await sessions[0].post(
             f"{upstream}/v1/chat/completions", data=await request.body(), headers={"content-type": "application/json"}
-        ) as upstream_response:
-            return Response(
-                await upstream_response.read(), status_code=upstream_response.status, media_type="application/json"
-            )
+        )
+        if upstream_response.content_type != SSE:
+            async with upstream_response:
+                body = await upstream_response.read()
+            return Response(body, status_code=upstream_response.status, media_type="application/json")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+        async def relay() -> AsyncIterator[bytes]:
+            async with upstream_response:
+                async for chunk in upstream_response.content.iter_any():
+                    yield chunk
+
+        return StreamingResponse(relay(), status_code=upstream_response.status, media_type=SSE)
+
+    return Starlette(
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)],
+        lifespan=lifespan,
+    )
 
 
 def litellm_forwarder(upstream: str) -> Starlette:
@@ -43,17 +70,28 @@ def litellm_forwarder(upstream: str) -> Starlette:
 
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
+        stream = bool(body.get("stream"))
         result = await litellm.acompletion(
             model=f"openai/{body['model']}",
             messages=body["messages"],
+            stream=stream,
             api_base=f"{upstream}/v1",
             api_key="k",
             max_retries=0,
             num_retries=0,
         )
-        return Response(orjson.dumps(result.model_dump()), media_type="application/json")
+        if not stream:
+            return Response(orjson.dumps(result.model_dump()), media_type="application/json")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+        async def relay() -> AsyncIterator[bytes]:
+            # The least a LiteLLM-based proxy does per chunk: dump LiteLLM's chunk object back to JSON.
+            async for chunk in result:
+                yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(relay(), media_type=SSE)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)])
 
 
 def main() -> None:
@@ -61,7 +99,11 @@ def main() -> None:
     if kind == "fake":
         from tests.fakes import FakeUpstream
 
-        app: Any = FakeUpstream().app
+        fake = FakeUpstream()
+        # The tests read what the fake recorded; a benchmark would only pile up every request body in memory
+        # (thousands of 300-message transcripts).
+        fake.requests = deque(maxlen=1)  # type: ignore[assignment]
+        app: Any = fake.app
     elif kind == "aiohttp":
         app = aiohttp_forwarder(sys.argv[3])
     elif kind == "litellm":

@@ -19,19 +19,23 @@ def test_ingest_benchmark_prints_a_table() -> None:
     assert all(float(cell) > 0 for row in rows for cell in row.strip("|").split("|")[1:5])
 
 
-def test_overhead_benchmark_prints_a_table() -> None:
+def test_overhead_benchmark_prints_its_tables() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench", "overhead", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600
     )
     assert out.returncode == 0, out.stderr
-    names = {
-        line.split("|")[1].strip()
-        for line in out.stdout.splitlines()
-        if line.startswith("| ") and not line.startswith("| in front")
-    }
-    assert names == {
+    first_cells = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert {
         "upstream directly (baseline)",
         "bare aiohttp forwarder",
         "bare litellm.acompletion forwarder",
         "lcm-proxy",
-    }
+    } <= first_cells
+    assert {
+        "added p50: short non-streaming",
+        "added p50: streaming first byte",
+        "added p50: long¹",
+        "req/s at 64 clients",
+    } <= first_cells
+    # LiteLLM's own proxy runs only when its virtualenv already exists (--quick never creates it).
+    assert "LiteLLM proxy" in first_cells or "LiteLLM proxy skipped" in out.stdout
