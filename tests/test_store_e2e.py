@@ -129,3 +129,30 @@ def test_disabled_lcm_is_a_plain_proxy(proxy_factory: Any, fake_upstream: FakeUp
     proxy.app.state.lcm.config = proxy.config.model_copy(update={"lcm_settings": LcmSettings(enabled=False)})
     response = chat(proxy, [{"role": "user", "content": "x"}])
     assert response.status_code == 200 and "x-lcm-conversation-id" not in response.headers
+
+
+LEFT_OPEN = """
+import asyncio, sys
+from pathlib import Path
+from proxy.store.sqlite import SQLiteStore
+kept = []
+async def main():
+    store = SQLiteStore(Path(sys.argv[1]))
+    await store.open()
+    kept.append(store)  # still referenced at exit, as a failed test's traceback or a crashed lifespan keeps it
+asyncio.run(main())
+print("returned")
+"""
+
+
+def test_a_store_left_open_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """aiosqlite's worker threads are not daemons by default: a store never closed kept the interpreter
+    waiting forever at exit (a failing test hung the whole suite)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT_OPEN, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "returned", done.stderr

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -56,7 +57,14 @@ _PRAGMAS = (
 
 
 async def _connect(path: Path) -> aiosqlite.Connection:
-    conn = await aiosqlite.connect(path, isolation_level=None)  # we issue BEGIN/COMMIT ourselves
+    conn = aiosqlite.connect(path, isolation_level=None)  # we issue BEGIN/COMMIT ourselves
+    # aiosqlite's worker thread is not a daemon: a store left open (a crashed lifespan, a failed test holding
+    # it in a traceback) kept the interpreter from ever exiting. A daemon thread dies with the process; SQLite
+    # rolls back whatever transaction it had open, so the file stays consistent. (Before aiosqlite 0.20 the
+    # connection object was itself the thread.)
+    worker: threading.Thread = getattr(conn, "_thread", None) or conn  # type: ignore[assignment]
+    worker.daemon = True
+    await conn
     for pragma in _PRAGMAS:
         await conn.execute(pragma)
     return conn
