@@ -207,3 +207,90 @@ def test_openai_sdk_extra_body_and_headers_pass(proxy: RunningProxy, fake_upstre
     assert fake_upstream.last.body["guided_json"] == {"type": "object"}
     assert fake_upstream.last.body["metadata"] == {"k": "v"}
     assert fake_upstream.last.body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def _sse(*events: Any) -> bytes:
+    return b"".join(b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events)
+
+
+def _relayed(proxy: RunningProxy, body: dict[str, Any]) -> list[Any]:
+    events = []
+    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return events
+
+
+def test_streamed_chunks_arrive_exactly_as_the_upstream_sent_them(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """An OpenAI-compatible upstream's chunks are relayed as sent: its own ``created``, ``system_fingerprint``,
+    vendor fields in chunks and deltas, logprobs, and its usage chunk with ``choices: []`` — LiteLLM's
+    per-chunk rebuild would rewrite ``created`` and drop or reshape the rest. Keep-alive comments, other SSE
+    fields and a two-line data event are read correctly."""
+    base = {"id": "chatcmpl-vendor", "object": "chat.completion.chunk", "created": 1234567, "model": "fake-model"}
+    sent = [
+        {
+            **base,
+            "system_fingerprint": "fp_1",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        },
+        {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "Hel", "reasoning_content": "think"},
+                    "logprobs": {"content": []},
+                    "finish_reason": None,
+                }
+            ],
+            "x_vendor": {"latency_ms": 3},
+        },
+        {**base, "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
+    ]
+    text = json.dumps(sent[2])
+    two_lines = text.replace(", ", ",\ndata: ", 1).encode()  # one event in two data lines (joined by a newline)
+    raw = b": keep-alive\n\nevent: message\nid: 1\n" + _sse(sent[0], sent[1], two_lines, sent[3], sent[4], b"[DONE]")
+    fake_upstream.enqueue(Reply(raw_body=raw))
+    body = {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert _relayed(proxy, body) == [*sent, "[DONE]"]
+    # Without include_usage, a usage chunk the upstream sends anyway is not passed on.
+    fake_upstream.enqueue(Reply(raw_body=_sse(*sent, b"[DONE]")))
+    assert _relayed(proxy, {**body, "stream_options": None} | {"stream": True}) == [*sent[:4], "[DONE]"]
+
+
+def test_error_event_inside_the_upstream_stream_reaches_the_client(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
+    first = {**base, "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]}
+    error = {
+        "error": {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "code": None,
+        }
+    }
+    fake_upstream.enqueue(Reply(raw_body=_sse(first, error)))
+    events = _relayed(proxy, {"model": "test-model", "messages": [{"role": "user", "content": "y"}], "stream": True})
+    assert events[0] == first
+    assert events[1]["error"]["message"] == error["error"]["message"] and events[1]["error"]["type"] == "server_error"
+    assert "[DONE]" not in events
+    # An upstream that ends without ever sending a finish_reason (even with [DONE]) cut the answer short.
+    fake_upstream.enqueue(Reply(raw_body=_sse(first, b"[DONE]")))
+    events = _relayed(proxy, {"model": "test-model", "messages": [{"role": "user", "content": "z"}], "stream": True})
+    assert events[0] == first and events[1]["error"]["code"] == "upstream_stream_truncated"
+    # A stream event that is not JSON is the upstream's fault: a clear 502-class error, not a proxy crash.
+    fake_upstream.enqueue(Reply(raw_body=_sse(first, b"{not json")))
+    events = _relayed(proxy, {"model": "test-model", "messages": [{"role": "user", "content": "w"}], "stream": True})
+    assert events[0] == first and events[1]["error"]["code"] == "upstream_bad_stream"

@@ -230,3 +230,48 @@ def test_litellm_prices_nothing_and_schedules_no_success_logging(
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "yo"
     assert [json.loads(call.request.content)["messages"] for call in route.calls] == [BODY["messages"]] * 2
     assert priced == []
+
+
+class _TranslatedStream:
+    """What LiteLLM hands back for a provider it translates: its own chunk objects and whether the provider
+    itself sent a finish_reason."""
+
+    def __init__(self, chunks: list[Any], received_finish_reason: str | None) -> None:
+        self.chunks, self.received_finish_reason = chunks, received_finish_reason
+
+    async def __aiter__(self) -> Any:
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize("provider_finished", [True, False])
+def test_translated_stream_chunks_and_truncation(provider_finished: bool) -> None:
+    """Providers that do not speak OpenAI's format stream through LiteLLM's translation: chunks become wire
+    JSON without LiteLLM's extras, an invented usage chunk is dropped unless asked for, and a finish that
+    LiteLLM made up for a cut stream is an error."""
+    from litellm.types.utils import ModelResponseStream, StreamingChoices, Usage
+
+    from proxy.upstream import _litellm_chunks
+
+    chunks = [
+        ModelResponseStream(choices=[StreamingChoices(index=0, delta={"role": "assistant", "content": "hi"})]),
+        ModelResponseStream(choices=[StreamingChoices(index=0, delta={}, finish_reason="stop")]),
+        ModelResponseStream(
+            choices=[StreamingChoices(index=0, delta={})],
+            usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
+        ),
+    ]
+    wrapper = _TranslatedStream(chunks, "stop" if provider_finished else None)
+
+    async def collect(include_usage: bool) -> list[Any]:
+        return [chunk async for chunk in _litellm_chunks(wrapper, include_usage)]
+
+    if not provider_finished:
+        with pytest.raises(UpstreamError, match="before the response was complete"):
+            run(collect(False))
+        return
+    plain = run(collect(False))
+    assert [c["choices"][0].get("finish_reason") for c in plain] == [None, "stop"]
+    assert plain[0]["choices"][0]["delta"]["content"] == "hi" and all("usage" not in c for c in plain)
+    with_usage = run(collect(True))
+    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["total_tokens"] == 2
