@@ -1,7 +1,10 @@
-"""Fuzz: 1,000 generated requests, mostly malformed, never get a 5xx and leave the database intact."""
+"""Fuzz: 1,800 generated requests, mostly malformed, never get a 5xx, never lose an acknowledged message and
+leave the database intact (the proxy fixture runs doctor, integrity_check included, after every test)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -9,6 +12,10 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.engine.canonical import canonical
+from proxy.engine.ingest import export_conversation
+from proxy.store.files import FileStore
+from proxy.store.sqlite import SQLiteStore
 from tests.conftest import RunningProxy
 from tests.fakes import FakeUpstream
 
@@ -84,8 +91,31 @@ valid_bodies = st.fixed_dictionaries(
 )
 
 
+def _transcript(messages: list[Any]) -> list[Any]:
+    """Without the leading system messages: those are instructions, stored once per conversation (the latest
+    request's), not part of the transcript a request is acknowledged for."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    return messages[first:]
+
+
+async def _missing_transcripts(data_dir: Path, acknowledged: list[tuple[str, list[Any]]]) -> list[str]:
+    """The acknowledged requests whose messages are not, in order, at the start of their stored conversation."""
+    store = SQLiteStore(data_dir)
+    await store.open()
+    try:
+        missing = []
+        for conversation_id, sent in acknowledged:
+            exported = _transcript(await export_conversation(store, FileStore(data_dir), None, conversation_id))
+            if [canonical(m) for m in exported[: len(sent)]] != [canonical(m) for m in sent]:
+                missing.append(f"{conversation_id}: sent {sent}, stored {exported}")
+        return missing
+    finally:
+        await store.close()
+
+
 def test_fuzzed_requests_never_5xx(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     seen: dict[int, int] = {}
+    acknowledged: list[tuple[str, list[Any]]] = []  # (conversation id, transcript) of each request answered 200
     with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
 
         @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -96,10 +126,20 @@ def test_fuzzed_requests_never_5xx(proxy: RunningProxy, fake_upstream: FakeUpstr
             assert response.status_code < 500, (body, response.text)
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+            elif response.status_code == 200:
+                stored = response.headers.get("x-lcm-conversation-id")
+                # Instructions alone (system/developer messages) are forwarded but make no conversation.
+                assert (stored is None) == all(m["role"] in ("system", "developer") for m in body["messages"]), body
+                if stored is not None:
+                    acknowledged.append((stored, _transcript(body["messages"])))
 
         check()
     assert sum(seen.values()) >= 1000
     assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0  # both valid and invalid requests were generated
+    # Nothing acknowledged was lost among the malformed ones (the fixture runs doctor and integrity_check).
+    data_dir = Path(proxy.config.general_settings.data_dir)
+    assert len({conversation_id for conversation_id, _ in acknowledged}) > 50
+    assert asyncio.run(_missing_transcripts(data_dir, acknowledged)) == []
 
 
 # Ids, query values and header values as a client or an attacker might send them: real-looking ids,
