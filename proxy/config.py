@@ -8,6 +8,7 @@ its path: a misspelt knob that is silently ignored is worse than a refusal to st
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,11 @@ class ApiKey(_Strict):
     tenant: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
 
 
+def tenant_for_bare_key(key: str) -> str:
+    """``key-`` and 12 hex digits of a salted SHA-256 of the key: stable, and it does not reveal the key."""
+    return "key-" + hashlib.sha256(b"lcm-proxy tenant\x00" + key.encode()).hexdigest()[:12]
+
+
 class GeneralSettings(_Strict):
     # None means "127.0.0.1 unless API keys are configured, then 0.0.0.0" (see ``bind_host``).
     host: str | None = None
@@ -75,9 +81,10 @@ class GeneralSettings(_Strict):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _plain_keys(cls, value: Any) -> Any:
-        # A bare string is shorthand for a key whose tenant is named after its position.
+        # A bare string is shorthand for a key whose tenant is derived from the key itself. Not from its place in
+        # the list: removing or reordering keys would hand one key's history to another.
         if isinstance(value, list):
-            return [{"key": k, "tenant": f"tenant-{i + 1}"} if isinstance(k, str) else k for i, k in enumerate(value)]
+            return [{"key": k, "tenant": tenant_for_bare_key(k)} if isinstance(k, str) else k for k in value]
         return value
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ the code base needs to know those libraries' exception types.
     ├── AuthenticationError          401: missing or unknown proxy API key
     ├── NotFoundError                404: unknown model, conversation, summary or file
     ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``
+    ├── ConversationBusyError        409: concurrent requests kept changing the conversation; retry
     └── UpstreamError                the provider failed: its status and its message
         ├── UpstreamConnectionError  502: the provider could not be reached
         └── UpstreamTimeoutError     504: the provider did not answer in time
@@ -95,6 +96,15 @@ class PayloadTooLargeError(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class ConversationBusyError(ProxyError):
+    """Other requests kept extending the same conversation while this one was being stored. Nothing was
+    written for it; the SDKs retry a 409 on their own."""
+
+    status = 409
+    type = "conflict_error"
+    code = "conversation_busy"
 
 
 class UpstreamError(ProxyError):

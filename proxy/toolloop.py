@@ -22,9 +22,16 @@ from proxy.upstream import Upstream
 RunTool = Callable[[str, str], Awaitable[str]]
 
 
+def tool_name(tool: Any) -> str | None:
+    """The function name of a tool or a tool call; None for other kinds (``custom`` tools, odd shapes)."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def with_recall_tools(body: ChatBody) -> ChatBody:
     client_tools = body.get("tools") or []
-    taken = {t.get("function", {}).get("name") for t in client_tools if isinstance(t, dict)}
+    taken = {tool_name(t) for t in client_tools}
     extra = [t for t in RECALL_TOOLS if t["function"]["name"] not in taken]  # the client's own tool wins a clash
     return {**body, "tools": [*client_tools, *extra]}
 
@@ -40,8 +47,8 @@ def without_recall_tools(body: ChatBody, client_tools: list[Any] | None) -> Chat
     return out
 
 
-def _is_recall(call: dict[str, Any], client_names: set[str]) -> bool:
-    name = (call.get("function") or {}).get("name")
+def _is_recall(call: dict[str, Any], client_names: set[str | None]) -> bool:
+    name = tool_name(call)
     return name in RECALL_TOOL_NAMES and name not in client_names
 
 
@@ -98,7 +105,7 @@ class RecallLoop:
             self.final_round = min(self.final_round, round_index + 1)
 
     async def complete(self, body: ChatBody, client_tools: list[Any] | None) -> JSONObject:
-        client_names = {t.get("function", {}).get("name") for t in client_tools or [] if isinstance(t, dict)}
+        client_names = {tool_name(t) for t in client_tools or []}
         messages = list(body["messages"])
         usage: dict[str, Any] = {}
         earlier_text: list[str] = []  # text said before a recall call: streaming shows it, so this does too
@@ -150,9 +157,9 @@ class RecallLoop:
     async def _rounds(
         self, stream: Any, body: ChatBody, messages: list[Message], client_tools: list[Any] | None, include_usage: bool
     ) -> AsyncIterator[Chunk]:
-        client_names = {t.get("function", {}).get("name") for t in client_tools or [] if isinstance(t, dict)}
+        client_names = {tool_name(t) for t in client_tools or []}
         usage: dict[str, Any] = {}
-        base: dict[str, Any] | None = None  # id/model/created of the first chunk, reused for every round
+        base: dict[str, Any] = {}  # id/object/created/model of the first answer chunk, reused for every round
         self._current = stream
         for round_index in range(self.max_rounds):
             calls: dict[int, dict[str, Any]] = {}
@@ -160,13 +167,13 @@ class RecallLoop:
             finish: Chunk | None = None
             text: list[str] = []
             async for chunk in stream:
-                if base is None:
-                    base = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
-                chunk = {**chunk, **base}
                 choices = chunk.get("choices") or []
-                if not choices:
+                if not choices:  # usage, or a provider's preamble (Azure's content-filter chunk has empty ids)
                     _add_usage(usage, chunk.get("usage"))
                     continue
+                if not base:
+                    base = {k: chunk[k] for k in ("id", "object", "created", "model") if chunk.get(k)}
+                chunk = {**chunk, **base}
                 choice = choices[0]
                 delta = choice.get("delta") or {}
                 if round_index > 0 and "role" in delta:  # one role delta per answer, not one per round
@@ -195,7 +202,9 @@ class RecallLoop:
                         finish = {**chunk, "choices": [{**choice, "delta": {}}]}
                     if not rest.get("content"):
                         continue
-                    chunk = {**chunk, "choices": [{**choice, "delta": rest, "finish_reason": None}]}
+                    # The content of the same chunk goes on now; its finish (kept above) goes last.
+                    delta, choice = rest, {**choice, "delta": rest, "finish_reason": None}
+                    chunk = {**chunk, "choices": [choice]}
                 if choice.get("finish_reason"):
                     finish = chunk
                     continue
@@ -221,5 +230,5 @@ class RecallLoop:
                     finish = {**finish, "choices": [{**finish["choices"][0], "finish_reason": "stop"}]}
                 yield finish
             if include_usage and usage:
-                yield {**(base or {}), "choices": [], "usage": usage}
+                yield {**base, "choices": [], "usage": usage}
             return

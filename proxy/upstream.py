@@ -189,6 +189,11 @@ def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, s
     return message, None, None, None
 
 
+def _redact(message: str, api_key: str | None) -> str:
+    # Some providers echo the key they were sent; it must reach neither the client nor the log.
+    return message.replace(api_key, "[redacted]") if api_key else message
+
+
 def translate_exception(exc: BaseException, timeout: float | None = None, api_key: str | None = None) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
@@ -200,8 +205,7 @@ def translate_exception(exc: BaseException, timeout: float | None = None, api_ke
     if not has_response and _is_connection_failure(exc):
         return UpstreamConnectionError("Could not connect to the upstream provider.")
     message, kind, code, param = _upstream_fields(exc)
-    if api_key:  # some providers echo the key they were sent; it must reach neither the client nor the log
-        message = message.replace(api_key, "[redacted]")
+    message = _redact(message, api_key)
     if isinstance(status, int) and 400 <= status < 600:
         return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
     return UpstreamError(f"Upstream call failed: {message}", status=502)
@@ -284,7 +288,7 @@ async def _litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Ch
             yield data
 
 
-async def _sse_chunks(response: httpx.Response, include_usage: bool) -> AsyncIterator[Chunk]:
+async def _sse_chunks(response: httpx.Response, include_usage: bool, api_key: str | None) -> AsyncIterator[Chunk]:
     """An OpenAI-compatible upstream's own SSE events, relayed as sent.
 
     LiteLLM has opened the call (routing, credentials, timeouts, error mapping), but for a provider that
@@ -292,7 +296,8 @@ async def _sse_chunks(response: httpx.Response, include_usage: bool) -> AsyncIte
     per event and LiteLLM rebuilds it as its own (~0.35 ms of CPU per chunk), rewrites ``created``, wraps
     the usage chunk in a fake choice and reports a cut stream as a clean "stop". Reading the response's
     lines ourselves keeps the upstream's chunks exactly as sent."""
-    finished = False
+    started: set[int] = set()  # choice indexes seen, and those that finished (n > 1 streams interleave them)
+    finished: set[int] = set()
     data_lines: list[str] = []
     async for line in response.aiter_lines():
         if line.startswith("data:"):
@@ -311,24 +316,30 @@ async def _sse_chunks(response: httpx.Response, include_usage: bool) -> AsyncIte
             ) from None
         if not isinstance(event, dict):
             continue
-        if "error" in event and not event.get("choices"):
-            _raise_stream_error(event["error"])
+        if event.get("error") and not event.get("choices"):
+            _raise_stream_error(event["error"], api_key)
         choices = event.get("choices") or []
-        finished = finished or any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+        for choice in choices if isinstance(choices, list) else []:
+            if isinstance(choice, dict):
+                index = choice.get("index", 0)
+                index = index if isinstance(index, int) else 0
+                started.add(index)
+                if choice.get("finish_reason"):
+                    finished.add(index)
         if event.get("usage") is not None and not choices and not include_usage:
             continue  # a usage chunk the client did not ask for
         yield event
-    if not finished:
-        raise _truncated()
+    if not started or started - finished:
+        raise _truncated()  # some choice (or the whole answer) never reached its finish_reason
 
 
-def _raise_stream_error(error: Any) -> None:
+def _raise_stream_error(error: Any, api_key: str | None) -> None:
     """An error event inside the upstream's stream, as the OpenAI SDK would have raised it."""
     body: dict[str, Any] = error if isinstance(error, dict) else {"message": str(error)}
     code = body.get("code")
     status = code if isinstance(code, int) and 400 <= code < 600 else 502
     raise UpstreamError(
-        str(body.get("message") or "The upstream provider reported an error mid-stream."),
+        _redact(str(body.get("message") or "The upstream provider reported an error mid-stream."), api_key),
         status=status,
         type=str(body.get("type") or "upstream_error"),
         code=code if isinstance(code, str) else None,
@@ -488,7 +499,7 @@ class Upstream:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
         if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
-            chunks = _sse_chunks(response, include_usage)
+            chunks = _sse_chunks(response, include_usage, kwargs.get("api_key"))
         else:
             chunks = _litellm_chunks(wrapper, include_usage)
         stream = UpstreamStream(wrapper, chunks, timeout, kwargs.get("api_key"))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from proxy.doctor import run_doctor
 from tests.fakes import FakeUpstream
@@ -214,3 +215,11 @@ async def _first_summary(data_dir: Path, conversation: str) -> str:
         return str(row[0])
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "-1", "1e3", "0x10", " 5", "99999999999999999999999"])
+def test_integer_query_values_are_ascii_digits_in_range(proxy: Any, value: str) -> None:
+    """``str.isdigit`` accepts "²", which ``int`` refuses: every such value is a 400 naming the parameter."""
+    response = httpx.get(f"{proxy.url}/lcm/conversations", params={"limit": value}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "limit"

@@ -294,3 +294,39 @@ def test_error_event_inside_the_upstream_stream_reaches_the_client(
     fake_upstream.enqueue(Reply(raw_body=_sse(first, b"{not json")))
     events = _relayed(proxy, {"model": "test-model", "messages": [{"role": "user", "content": "w"}], "stream": True})
     assert events[0] == first and events[1]["error"]["code"] == "upstream_bad_stream"
+
+
+def test_stream_error_events_never_echo_the_upstream_key(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """A provider that rejects the key inside a 200 stream, echoing it, reaches the client redacted, as the
+    same rejection as an HTTP 401 does."""
+    error = {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "invalid_request_error"}}
+    fake_upstream.enqueue(Reply(raw_body=_sse(error)))
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "k"}], "stream": True}
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
+    assert UPSTREAM_KEY not in response.text
+    assert "Incorrect API key provided: [redacted]" in response.text
+
+
+def test_null_error_field_and_interleaved_choices(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """``"error": null`` on a chunk is no error; with n > 1 every choice must finish, or the stream was cut."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
+
+    def choice(index: int, content: str | None, finish: str | None) -> dict[str, Any]:
+        delta = {} if content is None else {"content": content}
+        return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+
+    usage = {**base, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
+    sent = [choice(0, "A", None), choice(1, "B", None), choice(0, None, "stop"), choice(1, None, "length")]
+    fake_upstream.enqueue(Reply(raw_body=_sse(*sent, {**usage, "error": None}, b"[DONE]")))
+    body = {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "n"}],
+        "stream": True,
+        "n": 2,
+        "stream_options": {"include_usage": True},
+    }
+    assert _relayed(proxy, body) == [*sent, {**usage, "error": None}, "[DONE]"]
+    # Choice 1 never finishes: the answer was cut short even though choice 0 did.
+    fake_upstream.enqueue(Reply(raw_body=_sse(*sent[:3], b"[DONE]")))
+    events = _relayed(proxy, {**body, "messages": [{"role": "user", "content": "m"}]})
+    assert events[:3] == sent[:3] and events[3]["error"]["code"] == "upstream_stream_truncated"

@@ -146,7 +146,21 @@ def test_fuzzed_requests_never_5xx(proxy: RunningProxy, fake_upstream: FakeUpstr
 # traversal, percent-encoding, control characters, huge numbers, unicode.
 odd_text = st.one_of(
     st.text(max_size=40),
-    st.sampled_from(["..", "../../etc/passwd", "%2e%2e%2f", "sum_", "file_", "msg_", "msg_99999999999999999999"]),
+    st.sampled_from(
+        [
+            "..",
+            "../../etc/passwd",
+            "%2e%2e%2f",
+            "sum_",
+            "file_",
+            "msg_",
+            "msg_99999999999999999999",
+            "²",
+            "٣",
+            "1e3",
+            "0x10",
+        ]
+    ),
     st.from_regex(r"(sum|file|conv|msg)_[0-9a-f]{0,20}", fullmatch=True),
     st.integers(-(2**70), 2**70).map(str),
 )

@@ -9,8 +9,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from proxy.engine import ingest as ingest_module
 from proxy.engine.canonical import same_message
 from proxy.engine.ingest import export_conversation
+from proxy.errors import ConversationBusyError
 from tests.engine_support import ScriptedSummarizer, assistant, open_engine, row_count, run, user
 
 SYSTEM = {"role": "system", "content": "You are helpful. Today is Monday."}
@@ -357,5 +361,29 @@ def test_earlier_resend_with_other_instructions_keeps_stored_instructions(tmp_pa
             side = await ingestor.ingest("t", [{"role": "system", "content": "Write a title."}, user("u1")])
             assert side.action == "earlier" and side.conversation_id == first.conversation_id
             assert await export_conversation(store, files, "t", first.conversation_id) == full
+
+    run(scenario())
+
+
+def test_a_conversation_that_never_settles_is_a_409_and_writes_nothing(tmp_path: Path) -> None:
+    """If other requests keep moving the conversation for every attempt, the request fails cleanly with a
+    retryable 409 (the SDKs resend it) instead of a 500, and nothing of it is stored."""
+
+    async def scenario() -> None:
+        async with open_engine(tmp_path) as (ingestor, store, _):
+            await ingestor.ingest("t", [user("start")])
+            attempts = 0
+
+            async def always_moved(*args: Any) -> Any:
+                nonlocal attempts
+                attempts += 1
+                raise ingest_module._NeedsPreparation([])
+
+            ingestor._commit = always_moved  # type: ignore[method-assign]
+            with pytest.raises(ConversationBusyError) as info:
+                await ingestor.ingest("t", [user("start"), assistant("a"), user("b")])
+            assert (info.value.status, info.value.code, info.value.retryable) == (409, "conversation_busy", True)
+            assert attempts == 5
+            assert await row_count(store, "messages") == 1
 
     run(scenario())

@@ -209,3 +209,57 @@ def test_tool_loop_stays_within_budget(
     assert len(chats) >= 2
     for sent in chats:
         assert forwarded_tokens(sent) + 400 <= 8000, forwarded_tokens(sent)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_expand_query_survives_a_summary_model_that_times_out(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    """lcm_expand_query's summary call times out: the model gets the sources as the tool's result and the
+    client its answer, not a 500 (the request *was* forwarded)."""
+
+    def responder(body: dict[str, Any]) -> Reply:
+        if is_summary_request(body):
+            return Reply(content="Summary: small talk about weather and gardening.")
+        first = body["messages"][0].get("content")
+        if isinstance(first, str) and first.startswith("Answer the question using only"):
+            return Reply(content="too late", delay=3)
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return Reply(content=f"Read {len(last['content'])} characters.")
+        arguments = json.dumps({"prompt": "What was discussed?", "query": "gardening"})
+        call = {"id": "q1", "type": "function", "function": {"name": "lcm_expand_query", "arguments": arguments}}
+        return Reply(content=None, tool_calls=[call])
+
+    fake_upstream.responder = responder
+    proxy = start_sim_proxy(proxy_factory, upstream_url, summary_timeout=1)
+    body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream}
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    if stream:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        assert not any("error" in e for e in events)
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    else:
+        text = response.json()["choices"][0]["message"]["content"]
+    assert text.startswith("Read ")
+    tool_results = [m["content"] for r in fake_upstream.requests for m in r.body["messages"] if m["role"] == "tool"]
+    assert tool_results and tool_results[-1].startswith("(The summary model did not answer; the sources follow.)")
+    assert "gardening" in tool_results[-1]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_no_recall_tools_when_several_choices_are_asked_for(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    """The recall loop answers for one choice; with n > 1 the request is forwarded without the recall tools
+    (so the client can never see an ``lcm_*`` call)."""
+    fake_upstream.responder = lambda body: Reply(content="Summary." if is_summary_request(body) else "ok")
+    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    for n, offered in ((2, False), (1, True)):
+        body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream, "n": n}
+        response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        chat = next(r.body for r in reversed(fake_upstream.requests) if not is_summary_request(r.body))
+        assert chat["n"] == n
+        assert ("lcm_grep" in json.dumps(chat.get("tools"))) is offered

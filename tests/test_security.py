@@ -797,3 +797,31 @@ def test_declared_oversized_body_is_refused_before_it_is_sent(proxy_factory: Any
     assert status == 413, body
     assert json.loads(body)["error"]["code"] == "request_too_large"
     assert fake_upstream.requests == []
+
+
+def test_bare_keys_keep_their_tenant_when_the_list_changes(
+    upstream_url: str, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A bare-string key's tenant comes from the key, not its place in the list: revoking Alice by deleting
+    her line must not hand her history to Bob, who moves up to her place."""
+    alice, bob = "alice-key-1111", "bob-key-2222"
+    data = tmp_path / "shared"
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "alice's secret plan"}]}
+    with serve_in_thread(create_app(make_config(upstream_url, data, api_keys=[alice, bob]))) as url:
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer(alice), timeout=30)
+        conversation = response.headers["x-lcm-conversation-id"]
+    with serve_in_thread(create_app(make_config(upstream_url, data, api_keys=[bob]))) as url:
+        as_bob = httpx.get(f"{url}/lcm/conversations/{conversation}/messages", headers=_bearer(bob), timeout=30)
+        assert as_bob.status_code == 404 and "secret" not in as_bob.text
+        listed = httpx.get(f"{url}/lcm/conversations", headers=_bearer(bob), timeout=30).json()
+        assert listed["data"] == []
+    with serve_in_thread(create_app(make_config(upstream_url, data, api_keys=[bob, alice]))) as url:
+        as_alice = httpx.get(f"{url}/lcm/conversations/{conversation}/messages", headers=_bearer(alice), timeout=30)
+        assert as_alice.status_code == 200 and "alice's secret plan" in as_alice.text
+    # The tenant name is derived from the key but does not contain it.
+    tenants = {k.tenant for k in make_config(upstream_url, data, api_keys=[alice, bob]).general_settings.api_keys}
+    assert len(tenants) == 2 and not any(alice in t or bob in t for t in tenants)
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}

@@ -89,3 +89,53 @@ def test_text_before_a_recall_call_is_sent_once_and_role_once() -> None:
         "tool_call_id": "r1",
         "content": "result of lcm_grep",
     }
+
+
+def test_content_tool_call_and_finish_in_one_chunk() -> None:
+    """One chunk with text, a client tool call and the finish: the text goes on, then the call, then the finish
+    (a content-only chunk must not take the finish's place)."""
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    one = chunk({"role": "assistant", "content": "Checking.", "tool_calls": [call]}, finish="tool_calls")
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    out = collect(
+        RecallLoop(ScriptedUpstream([[one]]), TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools
+    )  # type: ignore[arg-type]
+    kinds = [
+        "content"
+        if c["choices"][0]["delta"].get("content")
+        else "call"
+        if c["choices"][0]["delta"].get("tool_calls")
+        else "finish"
+        for c in out
+    ]
+    assert kinds == ["content", "call", "finish"]
+    assert out[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [c["choices"][0]["finish_reason"] for c in out[:-1]] == [None, None]
+
+
+def test_ids_come_from_the_first_answer_chunk_not_an_empty_preamble() -> None:
+    """Azure sends a content-filter chunk first, with no choices and empty id/object/model."""
+    preamble = {"id": "", "object": "", "created": 0, "model": "", "choices": [], "prompt_filter_results": []}
+    real = {**BASE, "id": "chatcmpl-real"}
+    first = {**real, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}]}
+    last = {**real, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    out = collect(
+        RecallLoop(ScriptedUpstream([[preamble, first, last]]), TARGET, run_tool, 3, room=5000), {"messages": []}
+    )  # type: ignore[arg-type]
+    assert [(c["id"], c["object"], c["model"]) for c in out] == [("chatcmpl-real", "chat.completion.chunk", "m")] * 2
+
+
+def test_tools_that_are_not_functions_do_not_break_the_loop() -> None:
+    """``custom`` tools (no ``function``, or ``function: null``) are the client's; recall calls still run."""
+    from proxy.toolloop import tool_name, with_recall_tools
+
+    odd = [{"type": "custom", "function": None, "custom": {"name": "x"}}, {"type": "custom"}, "junk"]
+    offered = with_recall_tools({"messages": [], "tools": odd})
+    assert offered["tools"][:3] == odd and {tool_name(t) for t in offered["tools"][3:]} >= {"lcm_grep"}
+    grep = {"index": 0, "id": "r1", "type": "function", "function": {"name": "lcm_grep", "arguments": "{}"}}
+    upstream = ScriptedUpstream(
+        [[chunk({"tool_calls": [grep]}, finish="tool_calls")], [chunk({"content": "done"}), chunk({}, finish="stop")]]
+    )
+    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), offered, odd)  # type: ignore[arg-type]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in out) == "done"
+    assert upstream.requests[1]["messages"][-1]["content"] == "result of lcm_grep"

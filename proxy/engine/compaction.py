@@ -141,8 +141,12 @@ class Compactor:
         """The summaries in the context of the first ``count`` messages, and the first raw seq after them."""
         q = self.store.read
         summaries = await q.context_summaries(conversation.id)
-        if conversation.summarized_upto <= count:
-            return summaries, conversation.summarized_upto
+        # The boundary comes from the summaries themselves (one statement, one snapshot), not from the
+        # conversation row read earlier: a compaction committing in between would pair the new summaries
+        # with the old boundary and send the messages they cover twice.
+        upto = summaries[-1].end_seq if summaries else 0
+        if upto <= count:
+            return summaries, upto
         return await covering_prefix(q, summaries, count)
 
     async def context_tokens(self, conversation: ConversationRecord, count: int) -> int:

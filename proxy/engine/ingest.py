@@ -32,6 +32,7 @@ from proxy.engine.canonical import chain_hashes, split_instructions
 from proxy.engine.compaction import covering_prefix
 from proxy.engine.explore import TextSummarizer, exploration_summary
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
+from proxy.errors import ConversationBusyError
 from proxy.store.files import FileStore
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
 from proxy.store.sqlite import Queries, SQLiteStore
@@ -225,7 +226,9 @@ class Ingestor:
                 # write lock (interception may call the summarizer), then decide again.
                 for i in missing.indices:
                     await prepare(i)
-        raise RuntimeError("conversation kept changing during ingest")
+        raise ConversationBusyError(
+            "Other requests kept changing this conversation while this one was stored; send it again."
+        )
 
     async def _commit(
         self,

@@ -24,7 +24,8 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
         raise InvalidRequestError(f"'{name}' must be an integer between {low} and {high}", param=name)
     return int(raw)
 

@@ -77,7 +77,9 @@ async def chat_completions(request: Request) -> Response:
             headers["x-lcm-compaction"] = prepared.compaction
             if prepared.compaction == "scheduled":
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
-            if prepared.recall and prepared.conversation_id is not None:
+            # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so
+            # such requests are forwarded without the recall tools.
+            if prepared.recall and prepared.conversation_id is not None and body.get("n") in (None, 1):
                 return await _with_recall(
                     state,
                     tenant,
