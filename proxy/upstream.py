@@ -74,6 +74,13 @@ def load_litellm() -> Any:
     litellm.telemetry = False
     litellm.drop_params = False
     _skip_cost_tracking(litellm)
+    # LiteLLM logs every call at INFO, through a handler of its own and again through the root logger: two
+    # lines per call in two formats. Its warnings and errors are what an operator needs, in our format.
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.setLevel(logging.WARNING)
+        logger.propagate = True
     _litellm = litellm
     return litellm
 

@@ -163,3 +163,14 @@ def test_serve_never_prints_keys(tmp_path: Path, isolated_env: dict[str, str]) -
     text = "".join(lines) + out
     assert "authentication: 1 key(s)" in text
     assert "sk-up-very-secret" not in text and "sk-proxy-very-secret" not in text
+
+
+@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"]], ids=["help", "serve-help"])
+def test_readme_shows_the_real_help(args: list[str]) -> None:
+    """The README's help blocks are the program's own output (at 80 columns), so they cannot drift."""
+    readme = (REPO / "README.md").read_text()
+    shown = "$ lcm-proxy " + " ".join(args) + "\n"
+    assert shown in readme
+    block = readme.split(shown, 1)[1].split("```", 1)[0]
+    env = {**os.environ, "COLUMNS": "80"}
+    assert block == run(*args, env=env).stdout

@@ -52,6 +52,10 @@ def test_upstream_error_table(proxy: RunningProxy, fake_upstream: FakeUpstream, 
     assert (response.headers.get("x-should-retry") == "false") is case.should_retry_false
     # Secrets never leak into error messages.
     assert UPSTREAM_KEY not in response.text
+    # The message was stored before the upstream failed: the client still learns which conversation it is in.
+    conversation = response.headers.get("x-lcm-conversation-id", "")
+    stored = httpx.get(f"{proxy.url}/lcm/conversations/{conversation}/messages", timeout=30)
+    assert stored.status_code == 200 and stored.json()["data"][-1]["message"] == {"role": "user", "content": "hi"}
 
 
 def test_openai_sdk_sees_typed_errors(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:

@@ -18,8 +18,8 @@ class JSONResponse(Response):
         return orjson.dumps(content)
 
 
-def error_response(error: ProxyError) -> JSONResponse:
-    headers = {} if error.retryable else {"x-should-retry": "false"}
+def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {}) if error.retryable else {**(headers or {}), "x-should-retry": "false"}
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
 
 

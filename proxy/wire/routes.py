@@ -55,12 +55,12 @@ def _conversation_key(request: Request) -> str | None:
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
+    headers: dict[str, str] = {}
     try:
         tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
         target = state.router.resolve(body["model"])
         key = _conversation_key(request)
-        headers: dict[str, str] = {}
         background: BackgroundTask | None = None
         if state.config.lcm_settings.enabled:
             summarizer = state.summarizer_for(target)
@@ -103,7 +103,9 @@ async def chat_completions(request: Request) -> Response:
             )
         return JSONResponse(await state.upstream.complete(target, body), headers=headers, background=background)
     except ProxyError as error:
-        return error_response(error)
+        # Once stored, the conversation exists whatever the upstream did: the client still learns its id
+        # (and the token figures), so a retry or a look at /lcm/ can name it.
+        return error_response(error, headers)
 
 
 async def _with_recall(
