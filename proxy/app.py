@@ -63,11 +63,19 @@ class AppState:
         """Window (model_info, else LiteLLM's map, else the default), output reserve and tool schemas."""
         lcm = self.config.lcm_settings
         window = target.max_input_tokens or self.upstream.context_window(target.upstream_model)
-        reserve = body.get("max_completion_tokens") or body.get("max_tokens") or lcm.default_output_reserve
+        window = window or lcm.default_context_window
+        # The default reserve never takes more than a quarter of the window: 4096 tokens on a 2k-4k local
+        # model would leave nothing (or less than nothing) for the messages. A client's own max_tokens counts
+        # in full: that is what the upstream will reserve.
+        reserve = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or min(lcm.default_output_reserve, window // 4)
+        )
         tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
         if lcm.retrieval_tools != "off":
+            # Reserved even on requests that do not offer them yet: they appear on the first request with a
+            # summary or a stub, and a budget that shrank at that moment could tip it over the window.
             tools += recall_tool_tokens()
-        return Budget(window or lcm.default_context_window, int(reserve), tools)
+        return Budget(window, int(reserve), tools)
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
         settings = self.config.lcm_settings

@@ -17,7 +17,7 @@ import orjson
 
 from proxy.config import ProxyConfig
 from proxy.engine.ingest import export_conversation
-from proxy.engine.recall import RecallTools
+from proxy.engine.recall import RecallError, RecallTools
 from proxy.store.files import FileStore, UnsafePathError
 from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite import DB_NAME, SQLiteStore
@@ -145,9 +145,7 @@ class Operator:
             raise LookupError(f"no conversation {conversation_id}")
         tools = RecallTools(self.store, self.files)
         scope = await tools.scope(c.tenant, c.id)
-        return await tools.run(
-            scope, "lcm_grep", orjson.dumps({"pattern": pattern, "mode": mode, "limit": limit}).decode()
-        )
+        return await tools.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})  # RecallError: exit 1
 
     async def describe(self, item_id: str, tenant: str | None, start_line: int | None, end_line: int | None) -> str:
         """Describe a summary, file or message; the scope is the conversation (or tenant) that owns it."""
@@ -211,7 +209,7 @@ def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
 
     try:
         return asyncio.run(main())
-    except LookupError as exc:
+    except (LookupError, RecallError) as exc:
         print(f"lcm-proxy: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
     except (OSError, UnsafePathError) as exc:

@@ -108,7 +108,12 @@ def test_admin_api_is_tenant_scoped(proxy_factory: Any, upstream_url: str, fake_
             assert response.status_code == 404, (path, response.text)
             assert "8812" not in response.text
         assert client.post(f"/lcm/conversations/{conversation}/compact", headers=BOB).status_code == 404
-        assert client.get(f"/lcm/conversations/{conversation}/grep", headers=ALICE).status_code == 400
+        missing = client.get(f"/lcm/conversations/{conversation}/grep", headers=ALICE)
+        assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_required_parameter"
+        # A bad pattern or mode is the caller's error, not a 200 carrying the text meant for a model.
+        for params, param in (({"pattern": "("}, "pattern"), ({"pattern": "x", "mode": "bogus"}, "mode")):
+            bad = client.get(f"/lcm/conversations/{conversation}/grep", params=params, headers=ALICE)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
 
 
 def cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -145,6 +150,8 @@ def test_cli_grep_describe_doctor(
 
     grep = cli("grep", "NAUTILUS", "--conversation", conversation, config=config)
     assert grep.returncode == 0 and "NAUTILUS-9" in grep.stdout
+    broken = cli("grep", "(", "--conversation", conversation, config=config)
+    assert broken.returncode == 1 and "invalid regular expression" in broken.stderr and not broken.stdout
     msg_id = next(word for word in grep.stdout.split() if word.startswith("msg_"))
     described = cli("describe", msg_id, config=config)
     assert described.returncode == 0 and "Remember the harbour code NAUTILUS-9." in described.stdout

@@ -157,3 +157,23 @@ def test_cli_compact_and_show(
     # The next request uses the compacted context.
     post(proxy, [*history, {"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}])
     assert chat_requests(fake_upstream)[-1]["messages"][1]["content"].startswith('<summary id="sum_')
+
+
+def test_a_small_window_without_max_tokens_still_serves(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+) -> None:
+    """A 2,000-token local model and a client that sends no max_tokens: the default reserve (4096) is capped at
+    a quarter of the window, so short requests are served instead of every one failing with a negative
+    budget."""
+    model = {
+        "model_name": "tiny",
+        "litellm_params": {"model": "openai/tiny", "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"},
+        "model_info": {"max_input_tokens": 2000},
+    }
+    proxy = proxy_factory(models=[model])
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}]}
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    # A client's own max_tokens still counts in full: 1,990 of 2,000 leaves no room, and says so.
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json={**body, "max_tokens": 1990}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"

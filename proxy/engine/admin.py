@@ -106,8 +106,9 @@ class AdminViews:
     async def grep(self, tenant: str, conversation_id: str, pattern: str, mode: str, limit: int) -> dict[str, Any]:
         c = await self._conversation(tenant, conversation_id)
         scope = await self.recall.scope(tenant, c.id)
-        args = orjson.dumps({"pattern": pattern, "mode": mode, "limit": limit}).decode()
-        return {"conversation": c.id, "result": await self.recall.run(scope, "lcm_grep", args)}
+        # Not through ``run``: a bad pattern or mode is the caller's error (RecallError), not text for a model.
+        result = await self.recall.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})
+        return {"conversation": c.id, "result": result}
 
     async def compact(self, tenant: str, conversation_id: str, summarizer: Summarizer | None) -> dict[str, Any]:
         c = await self._conversation(tenant, conversation_id)

@@ -130,7 +130,12 @@ def clip_to_tokens(text: str, cap: int) -> str:
 
 
 class RecallError(Exception):
-    """A tool call the model can fix (bad id, bad pattern, out of scope): reported back as text."""
+    """A tool call the model can fix (bad id, bad pattern, out of scope): reported back as text to the
+    model; the admin API and the CLI report it as a bad request naming ``param``."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _int(args: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
@@ -138,7 +143,7 @@ def _int(args: dict[str, Any], key: str, default: int, low: int, high: int) -> i
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RecallError(f"'{key}' must be an integer")
+        raise RecallError(f"'{key}' must be an integer", param=key)
     return max(low, min(high, int(value)))
 
 
@@ -222,20 +227,22 @@ class RecallTools:
     async def grep(self, scope: Scope, args: dict[str, Any]) -> str:
         pattern = args.get("pattern")
         if not isinstance(pattern, str) or not pattern.strip():
-            raise RecallError("'pattern' is required")
+            raise RecallError("'pattern' is required", param="pattern")
         if len(pattern) > MAX_PATTERN:
-            raise RecallError(f"'pattern' is longer than {MAX_PATTERN} characters")
+            raise RecallError(f"'pattern' is longer than {MAX_PATTERN} characters", param="pattern")
         mode = args.get("mode") or "regex"
         where = args.get("scope") or "all"
         limit = _int(args, "limit", 10, 1, 50)
-        if mode not in ("regex", "full_text") or where not in ("all", "messages", "summaries", "files"):
-            raise RecallError("'mode' must be regex or full_text; 'scope' all, messages, summaries or files")
+        if mode not in ("regex", "full_text"):
+            raise RecallError("'mode' must be regex or full_text", param="mode")
+        if where not in ("all", "messages", "summaries", "files"):
+            raise RecallError("'scope' must be all, messages, summaries or files", param="scope")
         compiled = None
         if mode == "regex":
             try:
                 compiled = regex.compile(pattern, regex.IGNORECASE)
             except regex.error as error:
-                raise RecallError(f"invalid regular expression: {error}") from None
+                raise RecallError(f"invalid regular expression: {error}", param="pattern") from None
         hits: list[str] = []
 
         deadline = time.monotonic() + GREP_DEADLINE

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.engine.admin import NotFound
+from proxy.engine.recall import RecallError
 from proxy.errors import InvalidRequestError, NotFoundError, ProxyError
 from proxy.wire.http import JSONResponse, error_response
 
@@ -26,7 +27,9 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
         return default
     # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
     if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise InvalidRequestError(f"'{name}' must be an integer between {low} and {high}", param=name)
+        raise InvalidRequestError(
+            f"'{name}' must be an integer between {low} and {high}", param=name, code="invalid_value"
+        )
     return int(raw)
 
 
@@ -38,6 +41,8 @@ def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return JSONResponse(await handler(request, state, tenant))
         except NotFound as missing:
             return error_response(NotFoundError(str(missing)))
+        except RecallError as bad:
+            return error_response(InvalidRequestError(str(bad), param=bad.param, code="invalid_value"))
         except ProxyError as error:
             return error_response(error)
 
@@ -73,7 +78,9 @@ async def file(request: Request, state: AppState, tenant: str) -> dict[str, Any]
 async def grep(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
     pattern = request.query_params.get("pattern")
     if not pattern:
-        raise InvalidRequestError("Missing required parameter: 'pattern'.", param="pattern")
+        raise InvalidRequestError(
+            "Missing required parameter: 'pattern'.", param="pattern", code="missing_required_parameter"
+        )
     mode = request.query_params.get("mode", "regex")
     limit = _int_param(request, "limit", 20, 1, 50) or 20
     return await state.admin.grep(tenant, request.path_params["id"], pattern, mode, limit)
