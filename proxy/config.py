@@ -145,22 +145,22 @@ class ProxyConfig(_Strict):
     lcm_settings: LcmSettings = LcmSettings()
 
 
-def resolve_env_references(value: Any, path: str = "") -> Any:
-    """Replace every ``"os.environ/NAME"`` string, at any depth, by the variable's value."""
+def resolve_env_references(value: Any, path: str = "", missing: list[str] | None = None) -> Any:
+    """Replace every ``"os.environ/NAME"`` string, at any depth, by the variable's value. An unset variable
+    is recorded in ``missing`` (its reference left in place), or raises ``ConfigError`` without a list."""
     if isinstance(value, dict):
-        return {k: resolve_env_references(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        return {k: resolve_env_references(v, f"{path}.{k}" if path else str(k), missing) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve_env_references(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [resolve_env_references(v, f"{path}[{i}]", missing) for i, v in enumerate(value)]
     if isinstance(value, str) and value.startswith(ENV_PREFIX):
         name = value[len(ENV_PREFIX) :]
-        if name not in os.environ:
-            raise _EnvMissing(f"{path}: environment variable {name} is not set")
-        return os.environ[name]
+        if name in os.environ:
+            return os.environ[name]
+        problem = f"{path}: environment variable {name} is not set"
+        if missing is None:
+            raise ConfigError("<config>", [problem])
+        missing.append(problem)
     return value
-
-
-class _EnvMissing(Exception):
-    pass
 
 
 def _format_location(loc: tuple[int | str, ...]) -> str:
@@ -190,14 +190,18 @@ def parse_config(raw: Any, source: str = "<config>") -> ProxyConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
+    missing: list[str] = []
+    resolved = resolve_env_references(raw, missing=missing)
     try:
-        resolved = resolve_env_references(raw)
-    except _EnvMissing as exc:
-        raise ConfigError(source, [str(exc)]) from None
-    try:
-        return ProxyConfig.model_validate(resolved)
+        config = ProxyConfig.model_validate(resolved)
     except ValidationError as exc:
-        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from None
+        # Every problem at once, unset variables first; not a second complaint about a reference left in place.
+        unset = {problem.split(": ", 1)[0] for problem in missing}
+        found = [_describe(e) for e in exc.errors()]
+        raise ConfigError(source, missing + [p for p in found if p.split(": ", 1)[0] not in unset]) from None
+    if missing:
+        raise ConfigError(source, missing)
+    return config
 
 
 def load_config(path: str | Path) -> ProxyConfig:

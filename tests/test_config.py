@@ -186,3 +186,28 @@ def test_lcm_defaults_match_design() -> None:
         2000,
     )
     assert s.summary_model is None
+
+
+def test_unset_variables_and_other_problems_are_reported_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run of check-config lists everything to fix: unset variables and unknown keys alike, without a
+    second complaint about the reference left in an integer field."""
+    monkeypatch.delenv("NOPE_KEY", raising=False)
+    monkeypatch.delenv("NOPE_PORT", raising=False)
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "model_list": [
+                    {"model_name": "m", "litellm_params": {"model": "openai/m", "api_key": "os.environ/NOPE_KEY"}}
+                ],
+                "general_settings": {"port": "os.environ/NOPE_PORT", "prot": 1},
+                "lcm_settings": {"fresh_tail": 3},
+            }
+        )
+    assert sorted(info.value.problems) == sorted(
+        [
+            "model_list[0].litellm_params.api_key: environment variable NOPE_KEY is not set",
+            "general_settings.port: environment variable NOPE_PORT is not set",
+            "general_settings.prot: unknown key",
+            "lcm_settings.fresh_tail: unknown key",
+        ]
+    )
