@@ -156,3 +156,40 @@ def test_a_store_left_open_does_not_keep_the_process_alive(tmp_path: Path) -> No
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     assert done.returncode == 0 and done.stdout.strip() == "returned", done.stderr
+
+
+def test_a_write_cancelled_while_it_begins_does_not_break_the_next(tmp_path: Path) -> None:
+    """Cancelling a unit while its BEGIN is still queued in the writer's thread (a request hung up, shutdown)
+    must not leave a transaction open under the next unit: its BEGIN would fail, a 500 for someone else."""
+    import asyncio
+
+    from proxy.store.sqlite import SQLiteStore
+
+    slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) SELECT count(*) FROM n"
+
+    async def scenario() -> int:
+        store = SQLiteStore(tmp_path / "data")
+        await store.open()
+        try:
+            writer = store._writer
+            assert writer is not None
+            busy = asyncio.ensure_future(writer.execute(slow))  # the writer's thread is busy for a while
+
+            async def unit() -> None:
+                async with store.write() as tx:
+                    await tx.conn.execute("SELECT 1")
+
+            abandoned = asyncio.ensure_future(unit())
+            await asyncio.sleep(0.05)  # its BEGIN is queued behind the slow query
+            abandoned.cancel()
+            await asyncio.gather(abandoned, return_exceptions=True)
+            async with store.write() as tx:  # must work
+                cursor = await tx.conn.execute("SELECT count(*) FROM conversations")
+                row = await cursor.fetchone()
+                await cursor.close()
+            await busy
+            return int(row[0]) if row else -1
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == 0

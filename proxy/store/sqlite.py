@@ -431,7 +431,16 @@ class SQLiteStore:
         async with self._lock:
             if self._writer.in_transaction:  # a unit abandoned by cancellation; never build on it
                 await self._writer.rollback()
-            await self._writer.execute("BEGIN IMMEDIATE")
+            begin = asyncio.ensure_future(self._writer.execute("BEGIN IMMEDIATE"))
+            try:
+                await asyncio.shield(begin)
+            except asyncio.CancelledError:
+                # The BEGIN still runs in the writer's thread. Let it finish and undo it before the lock is
+                # released, or the next unit's BEGIN would fail inside this abandoned transaction.
+                with contextlib.suppress(Exception):
+                    await begin
+                    await self._writer.rollback()
+                raise
             try:
                 yield WriteTransaction(self._writer)
             except BaseException:
