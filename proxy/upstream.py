@@ -374,9 +374,11 @@ class UpstreamStream:
                 return await anext(self._chunks, None)
         except UpstreamError as error:
             # A connection that breaks mid-body is a cut-off stream too, not the provider's own error.
-            if error.code == "upstream_stream_truncated" or isinstance(error, UpstreamTimeoutError):
-                raise
-            if not _is_cut_off(error):
+            if (
+                isinstance(error, UpstreamTimeoutError)
+                or error.code == "upstream_stream_truncated"
+                or not _is_cut_off(error)
+            ):
                 raise
             raise _truncated() from error
 

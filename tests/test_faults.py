@@ -36,24 +36,14 @@ from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.fakes import FakeUpstream, Reply, wait_for
 from tests.servers import serve_in_thread
 from tests.sim_support import check_tool_pairing, forwarded_tokens, is_summary_request
+from tests.test_compaction_sim import SIM_LCM
 
 WINDOW = 8000
 MAX_TOKENS = 400
 SUMMARY_MODEL = "small"  # no summary_model configured: summaries use the request's model
 HANG = 3.0  # seconds a hanging upstream waits before answering: longer than HANG_TIMEOUT
 HANG_TIMEOUT = 1.0  # summary_timeout for the tests whose summary model hangs
-LCM: dict[str, Any] = {
-    "fresh_tail_count": 8,
-    "leaf_chunk_tokens": 3000,
-    "leaf_target_tokens": 150,
-    "condensed_target_tokens": 250,
-    "leaf_min_fanout": 4,
-    "condensed_min_fanout": 3,
-    "tool_result_token_threshold": 300,
-    "large_file_token_threshold": 2500,
-    "fallback_max_tokens": 200,
-    "summary_timeout": 15.0,
-}
+LCM: dict[str, Any] = {**SIM_LCM, "leaf_chunk_tokens": 3000, "summary_timeout": 15.0}
 EXPLORE_MARKER = "You describe documents"
 LLM_EXPLORATION = "An LLM exploration: meeting notes about the launch plan."
 

@@ -19,7 +19,9 @@ class JSONResponse(Response):
 
 
 def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> JSONResponse:
-    headers = dict(headers or {}) if error.retryable else {**(headers or {}), "x-should-retry": "false"}
+    headers = dict(headers or {})
+    if not error.retryable:
+        headers["x-should-retry"] = "false"
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
 
 
