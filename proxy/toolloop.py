@@ -60,6 +60,9 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
 
 ROOM_FLOOR = 200  # below this many free tokens, the next round is the final one (no more recall tools)
 CALL_OVERHEAD = 24  # tokens of an appended assistant call / tool result message beyond its text
+# Recall calls run per round. A prompt-injected model could ask for hundreds of expensive greps at once;
+# calls past this many are answered with an error and not run.
+MAX_CALLS_PER_ROUND = 8
 
 
 class RecallLoop:
@@ -91,9 +94,11 @@ class RecallLoop:
         self.room -= count_message(call_message) + CALL_OVERHEAD
         share = max(0, self.room // max(1, len(calls)) - CALL_OVERHEAD)
         results: list[Message] = []
-        for call in calls:
+        for position, call in enumerate(calls):
             fn = call.get("function") or {}
-            if share < 50:
+            if position >= MAX_CALLS_PER_ROUND:
+                text = f"Error: at most {MAX_CALLS_PER_ROUND} recall calls run per round; this one was not run."
+            elif share < 50:
                 text = "Error: the context has no room left for more recall results; answer with what you have."
             else:
                 text = clip_to_tokens(await self.run_tool(str(fn.get("name")), str(fn.get("arguments") or "{}")), share)

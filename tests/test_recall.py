@@ -194,17 +194,33 @@ def test_other_tenant_cannot_reach_anything(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_fork_scope_includes_the_parent(tmp_path: Path) -> None:
+def test_fork_scope_is_the_shared_prefix_of_the_parent(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine, tools, _scope, conversation, _ = await setup(tmp_path)
+        engine, tools, _scope, conversation, file_id = await setup(tmp_path)
         # The client's own first three messages (the first one carries the big file), then a new turn.
         transcript = (await export_conversation(engine.store, engine.files, "alice", conversation))[:3]
         fork = await engine.prepare("alice", [*transcript, user("a different path")], BIG, Summarizer())
         assert fork.conversation_id != conversation
         fork_scope = await tools.scope("alice", fork.conversation_id or "")
-        assert fork_scope.conversation_ids == (fork.conversation_id, conversation)
-        found = await tools.run(fork_scope, "lcm_grep", orjson.dumps({"pattern": "Filler answer 11"}).decode())
-        assert "msg_" in found  # a message that only the parent branch has
+        assert fork_scope.bounds == ((fork.conversation_id, 2**62), (conversation, 3))
+
+        async def call(name: str, **args: Any) -> str:
+            return await tools.run(fork_scope, name, orjson.dumps(args).decode())
+
+        # What the two share is visible: the secret word (message 2) and the stored file (message 0)...
+        assert "PERIWINKLE" in await call("lcm_grep", pattern="PERIWINKLE")
+        assert "line 800" in await call("lcm_describe", id=file_id, start_line=800)
+        parent_rows = await engine.store.read.messages(conversation)
+        assert "PERIWINKLE" in await call("lcm_describe", id=f"msg_{parent_rows[2].id}")
+        # ... what the parent said after the fork point is not: messages, and summaries that cover any of it.
+        assert "No matches" in await call("lcm_grep", pattern="Filler answer 11")
+        assert "No matches" in await call("lcm_grep", pattern="Filler", mode="full_text")
+        assert (await call("lcm_describe", id=f"msg_{parent_rows[5].id}")).startswith("Error: no message")
+        for summary in await engine.store.read.context_summaries(conversation):
+            assert summary.end_seq > 3
+            for name in ("lcm_describe", "lcm_expand"):
+                assert (await call(name, id=summary.id)).startswith("Error: no summary"), (name, summary.id)
+        assert "Filler" not in await call("lcm_expand_query", prompt="What were the filler answers?", query="Filler")
         await engine.store.close()
 
     run(scenario())

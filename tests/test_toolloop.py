@@ -139,3 +139,29 @@ def test_tools_that_are_not_functions_do_not_break_the_loop() -> None:
     out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), offered, odd)  # type: ignore[arg-type]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in out) == "done"
     assert upstream.requests[1]["messages"][-1]["content"] == "result of lcm_grep"
+
+
+def test_recall_calls_past_the_per_round_cap_are_not_run() -> None:
+    # A prompt-injected model asks for 40 greps in one round: only the first MAX_CALLS_PER_ROUND run; the rest are
+    # answered with an error the model can read, so the round stays bounded.
+    from proxy.toolloop import MAX_CALLS_PER_ROUND
+
+    calls = [
+        {"index": i, "id": f"c{i}", "type": "function", "function": {"name": "lcm_grep", "arguments": '{"pattern": "x"}'}}
+        for i in range(40)
+    ]
+    ran: list[str] = []
+
+    async def counting_tool(name: str, arguments: str) -> str:
+        ran.append(name)
+        return "found"
+
+    upstream = ScriptedUpstream(
+        [[chunk({"role": "assistant", "tool_calls": calls}, finish="tool_calls")], [chunk({"content": "ok"}, finish="stop")]]
+    )
+    out = collect(RecallLoop(upstream, TARGET, counting_tool, 3, room=100_000), {"messages": []})  # type: ignore[arg-type]
+    assert len(ran) == MAX_CALLS_PER_ROUND < len(calls)
+    results = [m for m in upstream.requests[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in results].count("found") == MAX_CALLS_PER_ROUND
+    assert all(m["content"].startswith("Error: at most") for m in results[MAX_CALLS_PER_ROUND:])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in out) == "ok"

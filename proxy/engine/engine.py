@@ -61,6 +61,7 @@ class Prepared:
     budget: int
     recall: bool = False  # offer the recall tools with this request
     room: int = 0  # tokens still free for messages after the assembled context (the recall loop's budget)
+    transcript_length: int = 0  # messages of the request after its instructions: what its recall may see
 
 
 class ContextEngine:
@@ -129,6 +130,7 @@ class ContextEngine:
             limit,
             recall,
             max(0, limit - current),
+            count,
         )
 
     async def _assemble(

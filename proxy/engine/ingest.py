@@ -52,6 +52,7 @@ class Thresholds:
 class Located:
     conversation: ConversationRecord | None
     common: int  # messages shared by the request and that conversation
+    client_key: bool = False  # the request's key is one the client chose (it follows forks), not an id we issued
 
     def action(self, request_count: int) -> Action:
         if self.conversation is None:
@@ -103,14 +104,36 @@ async def locate(q: Queries, tenant: str, chains: list[str], key: str | None) ->
     if key is not None:
         conversation = await q.conversation_by_key(tenant, key)
         if conversation is None:
-            return Located(None, 0)
+            return Located(None, 0, client_key=True)
+        client_key = conversation.external_key == key
         limit = min(len(chains), conversation.message_count)
         common = await _binary_search(limit, lambda i: q.chain_in_conversation(conversation.id, i, chains[i]))
-        return Located(conversation, common)
-    common = await _binary_search(len(chains), lambda i: q.chain_exists(chains[i]))
+        located = Located(conversation, common, client_key)
+        if client_key or located.action(len(chains)) != "fork":
+            return located
+        # An id the proxy issued names that conversation for good. A client that keeps sending it with a
+        # transcript that went elsewhere continues the fork its first such request made, not a new fork per
+        # request: the longest prefix among the conversation's descendants, if longer.
+        family = await q.descendants(tenant, conversation.id)
+        if not family:
+            return located
+        deeper = await _longest_prefix(q, tenant, chains, family)
+        return deeper if deeper.conversation is not None and deeper.common > common else located
+    return await _longest_prefix(q, tenant, chains, None)
+
+
+async def _longest_prefix(q: Queries, tenant: str, chains: list[str], among: list[str] | None) -> Located:
+    """The conversation (of ``among``, or of the whole tenant) sharing the longest prefix with ``chains``."""
+
+    async def present(i: int) -> bool:
+        return await q.chain_exists(chains[i]) if among is None else await q.chain_in_any(among, chains[i])
+
+    common = await _binary_search(len(chains), present)
     if common == 0:
         return Located(None, 0)
     candidates = await q.conversations_with_chain(tenant, chains[common - 1])
+    if among is not None:
+        candidates = [c for c in candidates if c.id in among]
     if not candidates:  # the hash belongs to another tenant's chain: cannot happen, chains are tenant-seeded
         return Located(None, 0)
     best = max(candidates, key=lambda c: (c.message_count == common, c.updated_at))
@@ -249,7 +272,10 @@ class Ingestor:
             start = len(transcript)
             if conversation is None or action == "fork":
                 conversation_id = new_conversation_id()
-                parent = conversation.id if conversation is not None else None
+                # A fork shares the prefix before the point where it left its parent; with nothing in common
+                # (a key sent with an unrelated transcript) there is no lineage, and none must be recorded:
+                # recall reaches into a parent's prefix.
+                parent = conversation.id if conversation is not None and located.common > 0 else None
                 await tx.create_conversation(
                     conversation_id,
                     tenant,
@@ -258,7 +284,7 @@ class Ingestor:
                     fork_seq=located.common if parent else None,
                     instructions_json=instructions_json,
                 )
-                if conversation is not None:
+                if conversation is not None and parent is not None:
                     await tx.copy_prefix(conversation.id, conversation_id, located.common)
                     forked_from = conversation.id
                     # The fork shares the parent's summaries of the common prefix (nothing is summarised twice).
@@ -268,8 +294,10 @@ class Ingestor:
                     if shared:
                         await tx.set_context(conversation_id, [s.id for s in shared], upto)
                     await tx.set_stubbed_upto(conversation_id, min(conversation.stubbed_upto, located.common))
-                    if key is not None:  # the client's key follows its current version of the conversation
-                        await tx.move_external_key(tenant, key, conversation_id)
+                # The client's own key follows its current version of the conversation; an id the proxy issued
+                # keeps naming the conversation it was issued for.
+                if conversation is not None and key is not None and located.client_key:
+                    await tx.move_external_key(tenant, key, conversation_id)
                 start = located.common
             else:
                 conversation_id = conversation.id

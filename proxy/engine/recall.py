@@ -2,10 +2,16 @@
 ``lcm_expand_query``. Lossless means the model can get anything back: every summary and stub names ids, and
 these tools turn an id back into the material behind it.
 
-Scope is the current conversation and the conversations it was forked from, never another tenant's. Tools
-answer with plain text (the model reads it); bad arguments produce an error *message*, not an exception,
-so a confused model can correct itself. Regexes run on the ``regex`` module with a timeout: a pattern such
-as ``(a+)+$`` must not freeze the proxy.
+Scope (``Scope``) is what one request's conversation may see: its own messages up to the request's point,
+and of each conversation it was forked from only the shared prefix before the fork (and the summaries that
+cover nothing else). Conversations that merely open alike become forks of one another, so an ancestor's
+later messages belong to someone else: an app serving many end users through one key must not leak between
+them. Never another tenant's.
+
+Tools answer with plain text (the model reads it); bad arguments produce an error *message*, not an
+exception, so a confused model can correct itself. Patterns are checked before they are compiled and run in
+a worker thread with a deadline (``proxy.engine.patterns``): neither ``a{1000000000}`` nor ``(a|aa)+$`` may
+freeze the proxy.
 """
 
 from __future__ import annotations
@@ -14,13 +20,13 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import regex
 
-from proxy.engine import tokens
+from proxy.engine import patterns, tokens
 from proxy.engine.compaction import view_message
 from proxy.engine.render import render_message, timestamp
 from proxy.engine.summarize import Summarizer
@@ -31,10 +37,10 @@ from proxy.store.sqlite import SQLiteStore
 log = logging.getLogger("lcm_proxy.recall")
 
 RECALL_TOOL_NAMES = ("lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query")
-MAX_PATTERN = 300
+MAX_PATTERN = patterns.MAX_PATTERN_CHARS
 REGEX_TIMEOUT = 0.5  # seconds per searched text
 GREP_DEADLINE = 3.0  # seconds of searching per lcm_grep call
-OFF_LOOP_CHARS = 20_000  # texts longer than this are searched in a worker thread
+UNBOUNDED = 2**62
 MAX_FILE_SCAN = 4 << 20
 DEFAULT_CAP = 4000  # tokens
 ID_PATTERN = re.compile(r"^(sum|file)_[0-9a-f]{16}$|^msg_[0-9]{1,18}$")
@@ -156,8 +162,34 @@ def fts_query(text: str) -> str:
 
 @dataclass(frozen=True)
 class Scope:
+    """What one conversation may see. ``bounds`` pairs a conversation id with the number of its messages that
+    are visible (messages ``[0, n)``): the current conversation first (bounded by the request's own length,
+    so a request that re-sends an earlier point sees no more than it sent), then each ancestor, bounded by
+    the point where the line of forks left it. A summary is visible when it covers only visible messages."""
+
     tenant: str
-    conversation_ids: tuple[str, ...]  # the current conversation first, then its ancestors
+    bounds: tuple[tuple[str, int], ...]
+
+    @property
+    def conversation_ids(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.bounds)
+
+    @property
+    def current(self) -> tuple[str, int]:
+        return self.bounds[0] if self.bounds else ("", 0)
+
+    def sees_message(self, conversation_id: str, seq: int) -> bool:
+        return any(c == conversation_id and seq < n for c, n in self.bounds)
+
+    def sees_summary(self, summary: SummaryRecord) -> bool:
+        return any(c == summary.conversation_id and summary.end_seq <= n for c, n in self.bounds)
+
+    def where(self, conversation_column: str, position: str) -> tuple[str, tuple[Any, ...]]:
+        """SQL condition and arguments: ``position`` (``m.seq <`` or ``s.end_seq <=``) within the bounds."""
+        if not self.bounds:
+            return "0", ()
+        clause = " OR ".join(f"({conversation_column} = ? AND {position} ?)" for _ in self.bounds)
+        return f"({clause})", tuple(v for pair in self.bounds for v in pair)
 
 
 class RecallTools:
@@ -165,16 +197,21 @@ class RecallTools:
         self.store = store
         self.files = files
 
-    async def scope(self, tenant: str, conversation_id: str) -> Scope:
-        ids: list[str] = []
+    async def scope(self, tenant: str, conversation_id: str, upto: int | None = None) -> Scope:
+        """The scope of ``conversation_id`` as of its first ``upto`` messages (all of them by default)."""
+        bounds: list[tuple[str, int]] = []
+        limit = UNBOUNDED if upto is None else upto
         current: str | None = conversation_id
-        while current is not None and current not in ids and len(ids) < 64:
+        while current is not None and all(current != c for c, _ in bounds) and len(bounds) < 64 and limit > 0:
             record = await self.store.read.conversation(tenant, current)
             if record is None:
                 break
-            ids.append(record.id)
+            bounds.append((record.id, limit))
+            if record.parent_id is None or record.fork_seq is None:
+                break
+            limit = min(limit, record.fork_seq)
             current = record.parent_id
-        return Scope(tenant, tuple(ids))
+        return Scope(tenant, tuple(bounds))
 
     async def run(self, scope: Scope, name: str, arguments: str, summarizer: Summarizer | None = None) -> str:
         """Execute one recall tool call; always returns text for the model."""
@@ -200,17 +237,18 @@ class RecallTools:
 
     async def _summary(self, scope: Scope, summary_id: str) -> SummaryRecord:
         summary = await self.store.read.summary(summary_id)
-        if summary is None or summary.conversation_id not in scope.conversation_ids:
+        if summary is None or not scope.sees_summary(summary):
             raise RecallError(f"no summary {summary_id} in this conversation")
         return summary
 
     async def _file(self, scope: Scope, file_id: str) -> FileRecord:
         record = await self.store.read.file(scope.tenant, file_id)
+        visible, args = scope.where("m.conversation_id", "m.seq <")
         in_scope = record is not None and await _fetch(
             self.store.search_conn,
             "SELECT 1 FROM message_files mf JOIN messages m ON m.id = mf.message_id WHERE mf.file_id = ?"
-            f" AND m.conversation_id IN ({','.join('?' * len(scope.conversation_ids))}) LIMIT 1",
-            (file_id, *scope.conversation_ids),
+            f" AND {visible} LIMIT 1",
+            (file_id, *args),
         )
         if record is None or not in_scope:
             raise RecallError(f"no stored file {file_id} in this conversation")
@@ -240,94 +278,92 @@ class RecallTools:
         compiled = None
         if mode == "regex":
             try:
-                compiled = regex.compile(pattern, regex.IGNORECASE)
-            except regex.error as error:
-                raise RecallError(f"invalid regular expression: {error}", param="pattern") from None
-        hits: list[str] = []
-
-        deadline = time.monotonic() + GREP_DEADLINE
-
-        async def match(text: str) -> tuple[int, int] | None:
-            # One deadline for the whole call, and long texts searched off the event loop: a model-chosen
-            # pattern must not stall every other request.
-            remaining = deadline - time.monotonic()
-            if compiled is None:
-                return None
-            if remaining <= 0:
-                raise RecallError(f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope")
-            timeout = min(REGEX_TIMEOUT, remaining)
-            try:
-                if len(text) > OFF_LOOP_CHARS:
-                    found = await asyncio.to_thread(compiled.search, text, timeout=timeout)
-                else:
-                    found = compiled.search(text, timeout=timeout)
-            except TimeoutError:
-                raise RecallError("the regular expression is too expensive; simplify it") from None
-            return found.span() if found else None
-
+                # Compiling is bounded by the check, but still done off the event loop.
+                compiled = await asyncio.to_thread(patterns.compile_pattern, pattern)
+            except patterns.UnsafePattern as error:
+                raise RecallError(str(error), param="pattern") from None
         conn = self.store.search_conn
-        placeholders = ",".join("?" * len(scope.conversation_ids))
+        candidates: list[tuple[str, str, str]] = []  # (kind, label, text), in the order hits are wanted
         if where in ("all", "messages"):
+            conversation_id, upto = scope.current
             if mode == "full_text":
                 sql = (
-                    f"SELECT m.id, m.conversation_id, m.seq, m.role, m.text FROM messages_fts f JOIN messages m ON"
-                    f" m.id = f.rowid WHERE messages_fts MATCH ? AND m.conversation_id IN ({placeholders})"
+                    "SELECT m.id, m.seq, m.role, m.text FROM messages_fts f JOIN messages m ON m.id = f.rowid"
+                    " WHERE messages_fts MATCH ? AND m.conversation_id = ? AND m.seq < ?"
                     " ORDER BY bm25(messages_fts) LIMIT ?"
                 )
-                rows = await _fetch(conn, sql, (fts_query(pattern), *scope.conversation_ids, limit))
+                rows = await _fetch(conn, sql, (fts_query(pattern), conversation_id, upto, limit))
             else:
-                sql = (
-                    f"SELECT id, conversation_id, seq, role, text FROM messages WHERE conversation_id IN"
-                    f" ({placeholders}) ORDER BY conversation_id = ? DESC, seq DESC"
-                )
-                rows = await _fetch(conn, sql, (*scope.conversation_ids, scope.conversation_ids[0]))
-            seen: set[tuple[int, str]] = set()
-            for message_id, _conversation, seq, role, text in rows:
-                if len(hits) >= limit:
-                    break
-                span = await match(text) if compiled else (0, 0)
-                if span is None:
-                    continue
-                key = (seq, text)
-                if key in seen:  # forks copy their prefix: the same message appears once
-                    continue
-                seen.add(key)
-                hits.append(f"- msg_{message_id} ({role}, message {seq}): {_snippet(text, span, pattern)}")
-        if where in ("all", "summaries") and len(hits) < limit:
+                # A fork holds a copy of the prefix it shares with its ancestors: its own messages are all of
+                # the messages it may see.
+                sql = "SELECT id, seq, role, text FROM messages WHERE conversation_id = ? AND seq < ? ORDER BY seq DESC"
+                rows = await _fetch(conn, sql, (conversation_id, upto))
+            candidates += [("message", f"msg_{i} ({role}, message {seq})", text) for i, seq, role, text in rows]
+        if where in ("all", "summaries"):
+            visible, visible_args = scope.where("s.conversation_id", "s.end_seq <=")
             if mode == "full_text":
                 sql = (
                     "SELECT s.id, s.kind, s.depth, s.content FROM summaries_fts f JOIN summaries s ON s.pk = f.rowid"
-                    f" WHERE summaries_fts MATCH ? AND s.conversation_id IN ({placeholders}) ORDER BY bm25(summaries_fts) LIMIT ?"
+                    f" WHERE summaries_fts MATCH ? AND {visible} ORDER BY bm25(summaries_fts) LIMIT ?"
                 )
-                rows = await _fetch(conn, sql, (fts_query(pattern), *scope.conversation_ids, limit))
+                rows = await _fetch(conn, sql, (fts_query(pattern), *visible_args, limit))
             else:
-                sql = f"SELECT id, kind, depth, content FROM summaries WHERE conversation_id IN ({placeholders}) ORDER BY pk DESC"
-                rows = await _fetch(conn, sql, scope.conversation_ids)
-            for summary_id, kind, depth, content in rows:
-                if len(hits) >= limit:
-                    break
-                span = await match(content) if compiled else (0, 0)
-                if span is not None:
-                    hits.append(f"- {summary_id} ({kind} summary, depth {depth}): {_snippet(content, span, pattern)}")
-        if where in ("all", "files") and len(hits) < limit:
+                sql = f"SELECT s.id, s.kind, s.depth, s.content FROM summaries s WHERE {visible} ORDER BY s.pk DESC"
+                rows = await _fetch(conn, sql, visible_args)
+            candidates += [("summary", f"{i} ({kind} summary, depth {depth})", text) for i, kind, depth, text in rows]
+        file_records: list[FileRecord] = []
+        if where in ("all", "files"):
+            visible, visible_args = scope.where("m.conversation_id", "m.seq <")
             sql = (
-                f"SELECT DISTINCT f.id FROM files f JOIN message_files mf ON mf.file_id = f.id JOIN messages m ON"
-                f" m.id = mf.message_id WHERE f.tenant = ? AND m.conversation_id IN ({placeholders})"
+                "SELECT DISTINCT f.id FROM files f JOIN message_files mf ON mf.file_id = f.id JOIN messages m ON"
+                f" m.id = mf.message_id WHERE f.tenant = ? AND {visible}"
             )
-            for (file_id,) in await _fetch(conn, sql, (scope.tenant, *scope.conversation_ids)):
-                if len(hits) >= limit:
-                    break
-                record = await self._file(scope, file_id)
-                if record.kind == "base64":
-                    continue
-                text = self._read(record)[:MAX_FILE_SCAN].decode("utf-8", "replace")
-                span = await match(text) if compiled else _word_span(text, pattern)
-                if span is not None:
-                    line = text.count("\n", 0, span[0]) + 1
-                    hits.append(f"- {record.id} ({record.name}, line {line}): {_snippet(text, span, pattern)}")
+            for (file_id,) in await _fetch(conn, sql, (scope.tenant, *visible_args)):
+                record = await self.store.read.file(scope.tenant, file_id)
+                if record is not None and record.kind != "base64":
+                    file_records.append(record)
+        # Matching runs in one worker thread with one deadline for the whole call: a model-chosen pattern
+        # must stall neither the event loop nor the request past GREP_DEADLINE.
+        hits = await asyncio.to_thread(self._match_all, compiled, pattern, candidates, file_records, limit)
         if not hits:
             return f"No matches for {pattern!r} ({mode})."
         return f"{len(hits)} match(es) for {pattern!r}:\n" + "\n".join(hits)
+
+    def _match_all(
+        self,
+        compiled: Any,
+        pattern: str,
+        candidates: Iterable[tuple[str, str, str]],
+        file_records: list[FileRecord],
+        limit: int,
+    ) -> list[str]:
+        deadline = time.monotonic() + GREP_DEADLINE
+
+        def match(text: str) -> tuple[int, int] | None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RecallError(f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope")
+            try:
+                return patterns.search(compiled, text, min(REGEX_TIMEOUT, remaining))
+            except TimeoutError:
+                raise RecallError("the regular expression is too expensive; simplify it") from None
+
+        hits: list[str] = []
+        for _kind, label, text in candidates:
+            if len(hits) >= limit:
+                return hits
+            span = match(text) if compiled is not None else (0, 0)
+            if span is not None:
+                hits.append(f"- {label}: {_snippet(text, span, pattern)}")
+        for record in file_records:
+            if len(hits) >= limit:
+                break
+            text = self._read(record)[:MAX_FILE_SCAN].decode("utf-8", "replace")
+            span = match(text) if compiled is not None else _word_span(text, pattern)
+            if span is not None:
+                line = text.count("\n", 0, span[0]) + 1
+                hits.append(f"- {record.id} ({record.name}, line {line}): {_snippet(text, span, pattern)}")
+        return hits
 
     async def describe(self, scope: Scope, args: dict[str, Any]) -> str:
         item_id = str(args.get("id") or "").strip()
@@ -341,12 +377,13 @@ class RecallTools:
 
     async def _describe_summary(self, scope: Scope, summary: SummaryRecord) -> str:
         conn = self.store.search_conn
-        parents = [
-            row[0]
-            for row in await _fetch(
-                conn, "SELECT summary_id FROM summary_sources WHERE child_summary_id = ?", (summary.id,)
-            )
-        ]
+        parents = []
+        for (parent_id,) in await _fetch(
+            conn, "SELECT summary_id FROM summary_sources WHERE child_summary_id = ?", (summary.id,)
+        ):
+            parent = await self.store.read.summary(parent_id)
+            if parent is not None and scope.sees_summary(parent):  # a later node of an ancestor is not ours
+                parents.append(parent_id)
         children = await self.store.read.child_summaries(summary.id)
         lines = [
             f"Summary {summary.id}: {summary.kind}, depth {summary.depth}, covers messages {summary.start_seq}-{summary.end_seq - 1}",
@@ -387,14 +424,10 @@ class RecallTools:
         return "\n".join([*header, f"Lines {start}-{shown_end} of {len(lines)}{more}:", clipped])
 
     async def _describe_message(self, scope: Scope, message_id: int) -> str:
-        rows = await _fetch(
-            self.store.search_conn,
-            f"SELECT seq FROM messages WHERE id = ? AND conversation_id IN ({','.join('?' * len(scope.conversation_ids))})",
-            (message_id, *scope.conversation_ids),
-        )
-        if not rows:
+        found = await self.store.read.messages_by_id([message_id])
+        if not found or not scope.sees_message(found[0].conversation_id, found[0].seq):
             raise RecallError(f"no message msg_{message_id} in this conversation")
-        record = next(r for r in await self.store.read.messages_by_id([message_id]))
+        record = found[0]
         message, _ = view_message(record, stubbed=False)
         return f"Message msg_{message_id} (message {record.seq}):\n" + render_message(message, record.created_at)
 
@@ -441,11 +474,12 @@ class RecallTools:
         ids = [i for i in (args.get("ids") or []) if isinstance(i, str)]
         if not ids:
             query = args.get("query") or prompt
+            visible, visible_args = scope.where("s.conversation_id", "s.end_seq <=")
             found = await _fetch(
                 self.store.search_conn,
                 "SELECT s.id FROM summaries_fts f JOIN summaries s ON s.pk = f.rowid WHERE summaries_fts MATCH ?"
-                f" AND s.conversation_id IN ({','.join('?' * len(scope.conversation_ids))}) ORDER BY bm25(summaries_fts) LIMIT 5",
-                (fts_query(str(query)), *scope.conversation_ids),
+                f" AND {visible} ORDER BY bm25(summaries_fts) LIMIT 5",
+                (fts_query(str(query)), *visible_args),
             )
             ids = [row[0] for row in found]
         if not ids:

@@ -131,6 +131,24 @@ class Queries:
         )
         return row is not None
 
+    async def chain_in_any(self, conversation_ids: Sequence[str], chain_hash: str) -> bool:
+        row = await self._one(
+            "SELECT 1 FROM messages WHERE chain_hash = ? AND conversation_id IN"
+            f" ({','.join('?' * len(conversation_ids))}) LIMIT 1",
+            (chain_hash, *conversation_ids),
+        )
+        return row is not None
+
+    async def descendants(self, tenant: str, conversation_id: str, limit: int = 1000) -> list[str]:
+        """Ids of the conversations forked from ``conversation_id``, directly or through other forks."""
+        rows = await self._all(
+            "WITH RECURSIVE family(id) AS (SELECT id FROM conversations WHERE parent_id = ? AND tenant = ?"
+            " UNION SELECT c.id FROM conversations c JOIN family f ON c.parent_id = f.id)"
+            " SELECT id FROM family LIMIT ?",
+            (conversation_id, tenant, limit),
+        )
+        return [str(r[0]) for r in rows]
+
     async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {', '.join('c.' + c.strip() for c in _CONV_COLUMNS.split(','))} FROM messages m"

@@ -90,6 +90,7 @@ async def chat_completions(request: Request) -> Response:
                     headers,
                     background,
                     prepared.room,
+                    prepared.transcript_length,
                 )
         if body.get("stream"):
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
@@ -118,11 +119,13 @@ async def _with_recall(
     headers: dict[str, str],
     background: BackgroundTask | None,
     room: int,
+    transcript_length: int,
 ) -> Response:
     """Offer the recall tools and run the tool loop (the client sees one ordinary answer)."""
     window = state.budget_for(target, body)
     result_cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
-    scope = await state.recall.scope(tenant, conversation_id)
+    # The request's own length bounds what it may recall: a re-send of an earlier point sees no more than it sent.
+    scope = await state.recall.scope(tenant, conversation_id, transcript_length)
 
     async def run_tool(name: str, arguments: str) -> str:
         return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), result_cap)
