@@ -5,7 +5,8 @@ contiguous messages, a context whose summaries resolve and cover messages [0, su
 gap, summaries that link to exactly the sources they claim (leaves: their message range; condensed nodes:
 children that tile their range), so every message is reachable from the active context; per stored file,
 that it exists under the data directory (no symlinks), has mode 0600 in 0700 folders, and still has the
-content its hash names; and that every payload reference in a stored message has its file.
+content its hash names; and that every recorded payload path of a stored message holds a well-formed
+segments object whose file references all have their file.
 """
 
 from __future__ import annotations
@@ -28,14 +29,53 @@ async def _rows(store: SQLiteStore, sql: str, args: tuple[Any, ...] = ()) -> lis
         return list(await cursor.fetchall())
 
 
-def _refs(value: Any) -> list[str]:
-    if isinstance(value, dict):
-        if SEGMENTS_KEY in value:
-            return [s["ref"] for s in value[SEGMENTS_KEY] if isinstance(s, dict)]
-        return [r for v in value.values() for r in _refs(v)]
-    if isinstance(value, list):
-        return [r for v in value for r in _refs(v)]
-    return []
+def _segment_problem(segment: Any) -> str | None:
+    """Why ``segment`` is not a piece the interceptor writes (a text piece or a file reference), if it is not."""
+    if isinstance(segment, str):
+        return None
+    if not isinstance(segment, dict) or not isinstance(segment.get("ref"), str):
+        return f"segment {segment!r:.80} is neither text nor a file reference"
+    if set(segment) - {"ref", "encoding"} or segment.get("encoding", "base64") != "base64":
+        return f"file reference {segment!r:.80} has unexpected fields"
+    return None
+
+
+def _segments_at(original: Any, path: Any) -> tuple[list[Any], str | None]:
+    """The segments stored at one recorded path, or why that path holds no well-formed segments object."""
+    if not isinstance(path, list) or not path or not all(isinstance(k, str | int) for k in path):
+        return [], f"recorded payload path {path!r:.80} is not a path"
+    target = original
+    for key in path:
+        in_object = isinstance(target, dict) and isinstance(key, str) and key in target
+        in_array = isinstance(target, list) and type(key) is int and 0 <= key < len(target)
+        if not (in_object or in_array):
+            return [], f"recorded payload path {path} does not exist in the message"
+        target = target[key]
+    if not isinstance(target, dict) or set(target) != {SEGMENTS_KEY} or not isinstance(target[SEGMENTS_KEY], list):
+        return [], f"recorded payload path {path} does not hold a segments object"
+    segments = target[SEGMENTS_KEY]
+    problem = next((p for p in map(_segment_problem, segments) if p is not None), None)
+    return segments, None if problem is None else f"recorded payload path {path}: {problem}"
+
+
+def _payload_refs(original: Any, paths: Any) -> tuple[list[str], list[str]]:
+    """File ids referred to by a stored message, and problems with its recorded paths.
+
+    Only the recorded paths are read, as ``restore`` and ``view_message`` do: anywhere else the message is
+    the client's own content, and a client may well send ``{"$lcm_segments": ...}`` in metadata, extra
+    fields or content parts. Reading those as references would report files that never existed (for ever,
+    since stored messages do not change) or crash on shapes the interceptor never writes."""
+    if not isinstance(paths, list):
+        return [], [f"recorded payload paths {paths!r:.80} are not a list"]
+    refs: list[str] = []
+    problems: list[str] = []
+    for path in paths:
+        segments, problem = _segments_at(original, path)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        refs += [segment["ref"] for segment in segments if isinstance(segment, dict)]
+    return refs, problems
 
 
 async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes: bool = True) -> list[str]:
@@ -85,16 +125,20 @@ async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes:
                 f"{cid}: summaries cover messages up to {expected_start} but the context says {conversation.summarized_upto}:"
                 " some messages are unreachable"
             )
-        for message_id, seq, original in await _rows(
+        for message_id, seq, original, paths in await _rows(
             store,
-            "SELECT id, seq, original_json FROM messages WHERE conversation_id = ? AND payload_paths IS NOT NULL",
+            "SELECT id, seq, original_json, payload_paths FROM messages"
+            " WHERE conversation_id = ? AND payload_paths IS NOT NULL",
             (cid,),
         ):
-            for ref in _refs(orjson.loads(original)):
+            where = f"{cid}: message {seq} (msg_{message_id})"
+            refs, path_problems = _payload_refs(orjson.loads(original), orjson.loads(paths))
+            problems += [f"{where}: {problem}" for problem in path_problems]
+            for ref in refs:
                 if not await _rows(
                     store, "SELECT 1 FROM files WHERE id = ? AND tenant = ?", (ref, conversation.tenant)
                 ):
-                    problems.append(f"{cid}: message {seq} (msg_{message_id}) refers to missing file {ref}")
+                    problems.append(f"{where} refers to missing file {ref}")
 
     for file_id, path, sha in await _rows(store, "SELECT id, path, sha256 FROM files"):
         try:

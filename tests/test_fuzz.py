@@ -1,5 +1,6 @@
-"""Fuzz: 1,800 generated requests, mostly malformed, never get a 5xx, never lose an acknowledged message and
-leave the database intact (the proxy fixture runs doctor, integrity_check included, after every test)."""
+"""Fuzz: 1,900 generated requests, mostly malformed, never get a 5xx, never lose an acknowledged message and
+leave the database intact (the proxy fixture runs doctor, integrity_check included, after every test); JSON
+nested 300 to 1000 levels deep anywhere in a request is a 400 naming the field that holds it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -234,3 +236,89 @@ def test_fuzzed_admin_routes_headers_and_raw_bodies_never_5xx(proxy: RunningProx
         check_chat()
     assert sum(seen.values()) >= 800
     assert seen.get(404, 0) > 0 and seen.get(400, 0) > 0 and seen.get(200, 0) > 0
+
+
+# --- hostile depth: 300 to 1000 levels of nesting (orjson parses up to 1024) wherever a client may put JSON --
+
+SLOT = "__deep_slot__"
+USER = {"role": "user", "content": "hi"}
+# Where the nesting goes: (body with SLOT in it, the param the 400 must name), from the generated position
+# numbers i and j and an extra field's name.
+deep_sites = st.one_of(
+    st.builds(
+        lambda i, key: ({"messages": [USER] * i + [{"role": "user", "content": "x", key: SLOT}]}, f"messages[{i}].{key}"),
+        st.integers(0, 3),
+        st.sampled_from(["metadata", "cache_control", "x-extra", "$lcm_segments"]),
+    ),
+    st.builds(
+        lambda i, j: (
+            {"messages": [USER] * i + [{"role": "user", "content": [{"type": "text", "text": "x"}] * j + [SLOT]}]},
+            f"messages[{i}].content[{j}]",
+        ),
+        st.integers(0, 3),
+        st.integers(0, 3),
+    ),
+    st.builds(
+        lambda i, j: (
+            {"messages": [USER] * i + [{"role": "user", "content": [{"type": "text", "text": "x"}] * j + [{"type": "text", "text": "x", "cache": SLOT}]}]},
+            f"messages[{i}].content[{j}].cache",
+        ),
+        st.integers(0, 3),
+        st.integers(0, 3),
+    ),
+    st.builds(
+        lambda k: (
+            {"tools": [{"type": "function", "function": {"name": f"f{n}", "parameters": SLOT if n == k else {}}} for n in range(k + 1)]},
+            f"tools[{k}].function.parameters",
+        ),
+        st.integers(0, 3),
+    ),
+    st.builds(
+        lambda i: (
+            {"messages": [USER] * i + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}", "x": SLOT}}]}]},
+            f"messages[{i}].tool_calls[0].function.x",
+        ),
+        st.integers(1, 3),
+    ),
+    st.builds(
+        lambda key: ({key: SLOT}, key),
+        st.sampled_from(["vendor_extra", "metadata", "logit_bias", "user", "response_format", "extra_body"]),
+    ),
+)  # fmt: skip
+# The nesting: a short pattern of containers (an array, or an object under one key) repeated, starting
+# with an array so that the first level below a content part or a message is not one of their known keys.
+deep_patterns = st.lists(st.one_of(st.just(None), st.text(max_size=6)), min_size=1, max_size=4)
+
+
+def deep_json(pattern: list[str | None], levels: int, leaf: bytes) -> bytes:
+    """``levels`` containers following ``pattern`` (None: an array; a string: an object with that key)."""
+    kinds = [None, *(pattern[i % len(pattern)] for i in range(levels - 1))]
+    opening = [b"[" if key is None else b"{" + orjson.dumps(key) + b":" for key in kinds]
+    closing = [b"]" if key is None else b"}" for key in reversed(kinds)]
+    return b"".join(opening) + leaf + b"".join(closing)
+
+
+def test_fuzzed_deep_nesting_is_a_400_naming_the_parameter(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """Nesting far past what canonical form, copies and orjson's serialiser survive is refused at validation,
+    wherever it is: message extras, content parts, tool parameters, tool calls, top-level fields."""
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
+
+        @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(
+            site=deep_sites,
+            pattern=deep_patterns,
+            levels=st.integers(300, 1000),
+            leaf=scalars.map(orjson.dumps),
+        )
+        def check(site: tuple[dict[str, Any], str], pattern: list[str | None], levels: int, leaf: bytes) -> None:
+            fields, param = site
+            body = orjson.dumps({"model": "test-model", "messages": [USER], **fields})
+            slot = orjson.dumps(SLOT)
+            assert body.count(slot) == 1
+            response = client.post("/chat/completions", content=body.replace(slot, deep_json(pattern, levels, leaf)))
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert (error["param"], error["code"], error["type"]) == (param, "invalid_value", "invalid_request_error")
+
+        check()
+    assert fake_upstream.requests == []

@@ -34,6 +34,7 @@ from proxy.doctor import run_doctor
 from proxy.engine.summarize import CONDENSED_PROMPTS, LEAF_PROMPT
 from proxy.store.files import FileStore
 from proxy.summarizer import EXPLORE_PROMPT
+from proxy.toolloop import MAX_CALLS_PER_ROUND
 from tests.conftest import UPSTREAM_KEY, RunningProxy, make_config
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve_in_thread
@@ -213,6 +214,25 @@ def use_model(world: World, fake: FakeUpstream, plan: list[tuple[str, dict[str, 
     return world.model
 
 
+def run_plan(
+    world: World,
+    fake: FakeUpstream,
+    plan: list[tuple[str, dict[str, Any]]],
+    messages: list[dict[str, Any]],
+    headers: dict[str, str],
+) -> list[str]:
+    """The plan's recall calls, in turns of at most MAX_CALLS_PER_ROUND (calls past it are not run); their results."""
+    results: list[str] = []
+    for start in range(0, len(plan), MAX_CALLS_PER_ROUND):
+        model = use_model(world, fake, plan[start : start + MAX_CALLS_PER_ROUND])
+        response = post_chat(world.proxy.url, messages, headers)
+        assert response.status_code == 200, response.text
+        for leak in world.alice.leaks() if headers.get("authorization") != ALICE["authorization"] else []:
+            assert leak not in response.text
+        results += [model.result(i) for i in range(len(model.plan))]
+    return results
+
+
 def as_alice(world: World, path: str) -> dict[str, Any]:
     response = httpx.get(f"{world.proxy.url}{path}", headers=ALICE, timeout=30)
     assert response.status_code == 200, response.text
@@ -361,27 +381,21 @@ def test_recall_tools_cannot_reach_another_tenants_ids(world: World, fake_upstre
         ("lcm_grep", {"pattern": "north vault door", "scope": "files"}),
     ]
     # Alice, in her own conversation, gets her data back with these very calls (the probes are real).
-    model = use_model(world, fake_upstream, plan)
-    response = post_chat(world.proxy.url, alice.history, {**ALICE, "x-lcm-conversation-id": ALICE_CONVERSATION_KEY})
-    assert response.status_code == 200 and response.headers["x-lcm-conversation-id"] == alice.conversation
+    alice_headers = {**ALICE, "x-lcm-conversation-id": ALICE_CONVERSATION_KEY}
+    found_by_alice = run_plan(world, fake_upstream, plan, alice.history, alice_headers)
     expected = [SECRET, FILE_SECRET, SECRET, SECRET, SECRET, SECRET, SECRET, SECRET, FILE_SECRET]
     for index, found in enumerate(expected):
-        assert found in model.result(index), (plan[index], model.result(index))
+        assert found in found_by_alice[index], (plan[index], found_by_alice[index])
 
     # Bob, in a conversation of his own, gets an error or nothing for every one of them.
-    model = use_model(world, fake_upstream, plan)
-    response = post_chat(world.proxy.url, [{"role": "user", "content": "Do you remember anything?"}], BOB)
-    assert response.status_code == 200, response.text
-    assert len(model.results) == len(plan)
-    for index, (name, args) in enumerate(plan):
-        result = model.result(index)
+    found_by_bob = run_plan(world, fake_upstream, plan, [{"role": "user", "content": "Do you remember anything?"}], BOB)
+    assert len(found_by_bob) == len(plan)
+    for (name, args), result in zip(plan, found_by_bob, strict=True):
         assert re.match(r"Error: |No matches|No summaries match", result), (name, args, result)
         asked = json.dumps(args)
         for leak in alice.leaks():
             if leak not in asked:
                 assert leak not in result, (name, args, result)
-    for leak in alice.leaks():
-        assert leak not in response.text
 
 
 # --- 2. file permissions -----------------------------------------------------------------------------------
@@ -504,20 +518,15 @@ def test_recall_tools_refuse_traversal_ids(world: World, fake_upstream: FakeUpst
     plan += [("lcm_expand_query", {"prompt": "read it", "ids": hostile})]
     plan += [("lcm_grep", {"pattern": OUTSIDE_SECRET, "scope": scope}) for scope in ("all", "files")]
     plan += [("lcm_grep", {"pattern": secret, "scope": "files"})]
-    model = use_model(world, fake_upstream, plan)
-    response = post_chat(
-        world.proxy.url, world.alice.history, {**ALICE, "x-lcm-conversation-id": ALICE_CONVERSATION_KEY}
-    )
-    assert response.status_code == 200, response.text
-    assert len(model.results) == len(plan)
-    for index, (name, args) in enumerate(plan):
-        result = model.result(index)
+    headers = {**ALICE, "x-lcm-conversation-id": ALICE_CONVERSATION_KEY}
+    results = run_plan(world, fake_upstream, plan, world.alice.history, headers)
+    assert len(results) == len(plan)
+    for (name, args), result in zip(plan, results, strict=True):
         assert re.match(r"Error: |No matches", result), (name, args, result)
         if name != "lcm_grep":  # grep repeats its pattern; the others must say the id is refused
             assert "'id' must be" in result or "no summary" in result, (name, args, result)
         if OUTSIDE_SECRET in result:  # only where the model typed it: grep repeats its pattern
             assert name == "lcm_grep" and result.startswith("No matches"), result
-    assert OUTSIDE_SECRET not in response.text
 
 
 TAMPERED = [

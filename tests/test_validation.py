@@ -74,6 +74,9 @@ MALFORMED: list[tuple[str, Any, int, str | None]] = [
     ("audio_data_missing", body(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]), 400, "messages[0].content[0].input_audio.data"),
     ("custom_call_function_string", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "function": "x"}]}]), 400, "messages[1].tool_calls[0].function"),
     ("unknown_model", body(model="no-such-model"), 404, "model"),
+    # Deeper than orjson serialises (254): raw bytes, written by hand.
+    ("deep_message_extra", b'{"model": "test-model", "messages": [{"role": "user", "content": "hi", "metadata": ' + b"[" * 300 + b"]" * 300 + b"}]}", 400, "messages[0].metadata"),
+    ("deep_top_level", b'{"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "x": ' + b'{"a": ' * 900 + b"1" + b"}" * 900 + b"}", 400, "x"),
 ]  # fmt: skip
 
 
@@ -137,6 +140,11 @@ def test_valid_edge_cases_pass_validation() -> None:
         body(tool_choice={"type": "function", "function": {"name": "f"}}, some_vendor_field={"x": 1}),
         body(messages=[USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]),
     ]  # fmt: skip
+    # A tool whose JSON Schema nests objects 25 deep (its innermost value at level 55 of 64): unusual, not hostile.
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(25):
+        schema = {"type": "object", "properties": {"x": schema}}
+    ok.append(body(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}]))
     for b in ok:
         assert validate_chat_request(b) is b
     with pytest.raises(InvalidRequestError):

@@ -28,7 +28,7 @@ import orjson
 
 from proxy.engine import patterns, tokens
 from proxy.engine.compaction import view_message
-from proxy.engine.render import render_message, timestamp
+from proxy.engine.render import neutralise_summary_tags, render_message, timestamp
 from proxy.engine.summarize import Summarizer
 from proxy.store.files import FileStore, UnsafePathError
 from proxy.store.records import FileRecord, SummaryRecord
@@ -445,7 +445,8 @@ class RecallTools:
         if children:
             header = f"{summary.id} ({summary.kind}, depth {summary.depth}) expands to {len(children)} summaries:"
             items = [
-                f'<summary id="{c.id}" depth="{c.depth}" earliest_at="{timestamp(c.earliest_at)}">\n{c.content}\n</summary>'
+                f'<summary id="{c.id}" depth="{c.depth}" earliest_at="{timestamp(c.earliest_at)}">\n'
+                f"{neutralise_summary_tags(c.content)}\n</summary>"
                 for c in children
             ]
         else:

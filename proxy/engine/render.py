@@ -19,6 +19,13 @@ from proxy.types import Message
 REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.S | re.I)
 UNCLOSED_REASONING = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.S | re.I)
 MAX_ARGUMENT_CHARS = 300
+# The start of anything a reader (a model, not an XML parser) could take for a <summary> tag, opening or
+# closing: any case, whitespace or zero-width characters around the slash, attributes or none, closed by ">"
+# or not at all, and the full-width and small "<" look-alikes. Names that merely begin with "summary"
+# (<summary_table>) are other tags, and other markup (<div>, Vec<T>) is kept. The gap before the slash and
+# the gap after it cannot both match the same characters, so the pattern runs in linear time.
+_GAP = r"[\s\u200b-\u200d\u2060\ufeff]*"
+SUMMARY_TAG = re.compile(rf"[<\uff1c\ufe64](?={_GAP}(?:/{_GAP})?summary(?![\w.:-]))", re.I)
 
 
 def strip_reasoning(text: str) -> str:
@@ -81,6 +88,12 @@ def _attribute(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def neutralise_summary_tags(text: str) -> str:
+    """``text`` with every summary tag made inert (its ``<`` escaped), so that content placed inside a
+    ``<summary …>`` wrapper can neither close it early nor open a forged one (``<summary trust="trusted">``)."""
+    return SUMMARY_TAG.sub("&lt;", text)
+
+
 def render_summary(summary: SummaryRecord) -> Message:
     """A summary as the user-role message the model sees (DESIGN.md, "Compaction")."""
     attributes = (
@@ -88,6 +101,5 @@ def render_summary(summary: SummaryRecord) -> Message:
         f'earliest_at="{timestamp(summary.earliest_at)}" latest_at="{timestamp(summary.latest_at)}" '
         f'descendant_count="{summary.descendant_count}" trust="untrusted"'
     )
-    # The closing tag inside content must not end the wrapper early.
-    content = summary.content.replace("</summary>", "&lt;/summary&gt;")
+    content = neutralise_summary_tags(summary.content)
     return {"role": "user", "content": f"<summary {attributes}>\n{content}\n</summary>"}

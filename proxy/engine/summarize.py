@@ -5,6 +5,9 @@ input, the aggressive prompt; if that fails too (or the call errors or times out
 truncation. An authentication failure is different: a fallback written because of a bad key would
 replace good history with a crude truncation for ever, so it writes nothing, opens the breaker for the
 summary model, and the caller falls back to non-destructive measures (stubs, eviction from the view).
+
+What the summary model writes is untrusted too: sentences that try to override the reader's instructions are
+replaced by a marker before the summary is accepted (a narrower filter than the fallback's, see below).
 """
 
 from __future__ import annotations
@@ -31,6 +34,46 @@ INSTRUCTION_LIKE = re.compile(
     r"new instructions|do not tell|act as|pretend to be|from now on)\b",
     re.I,
 )
+
+# Model-written summaries get a narrower filter. A summary must keep what the user asked for ("From now on
+# answer in French", "You must use metric units", "act as a reviewer"): those are facts the next turns
+# depend on, so the fallback's orders-in-general pattern would delete exactly what a summary is for. What
+# is removed here is text that tries to take over whoever reads the summary, as a prompt injection in the
+# transcript might get the summary model to copy or write: overriding earlier instructions, a new identity,
+# announced new instructions or system prompt, role play. Mentions that give no order ("we designed the
+# system prompt of the support bot") are kept.
+INSTRUCTION_OVERRIDE = re.compile(
+    r"\b(ignore|disregard|forget|override)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|original|your)\b"
+    r"[^.!?\n]{0,40}?\b(instructions?|prompts?|rules|guidelines|directions)\b"
+    r"|\b(ignore|disregard|forget|override)\s+(all|any)\s+(instructions|prompts|rules|guidelines)\b"
+    r"|\b(ignore|disregard|forget)\s+(the|everything|anything|all)(\s+of\s+the)?\s+above\b"
+    r"|\byou are now\b"
+    r"|\bnew instructions\s*:"
+    r"|\bsystem prompt\s*:"
+    r"|\b(new|updated|real|actual|true|reveal|print|repeat|replace|override|ignore)\b[^.!?\n]{0,20}?\bsystem prompt"
+    r"|\bpretend (to be|you are|that you)\b",
+    re.I,
+)
+REMOVED_MARKER = "[instruction-like text removed]"
+# A sentence: up to a ".", "!" or "?" followed by whitespace, a line break, or the end. One character of
+# look-ahead and a lazy scan keep this linear on hostile input (long runs of "!!!" or no punctuation at all).
+SENTENCE = re.compile(r"[^\n]*?(?:[.!?](?=\s)|\n|\Z)")
+LIST_PREFIX = re.compile(r"[ \t]*(?:[-*\u2022][ \t]+)?")
+
+
+def remove_instruction_overrides(text: str) -> str:
+    """``text`` with each sentence that tries to override the reader's instructions replaced by a marker,
+    the rest (line breaks and list bullets included) as it was."""
+
+    def scrub(match: re.Match[str]) -> str:
+        sentence = match.group(0)
+        if not INSTRUCTION_OVERRIDE.search(sentence):
+            return sentence
+        prefix = LIST_PREFIX.match(sentence)
+        lead = prefix.group(0) if prefix else ""
+        return lead + REMOVED_MARKER + ("\n" if sentence.endswith("\n") else "")
+
+    return SENTENCE.sub(scrub, text)
 
 
 class Summarizer(Protocol):
@@ -159,7 +202,7 @@ async def summarize(
                 break
             except Exception:  # a summarizer bug or an unmapped transport error must not block compaction
                 break
-            content = strip_reasoning(answer or "").strip()
+            content = remove_instruction_overrides(strip_reasoning(answer or "").strip())
             if content and tokens.count_text(content) < source_tokens:
                 return SummaryText(content, level, summarizer.model)
     # The fallback truncates the new material only: the previous summary passed as context must not be

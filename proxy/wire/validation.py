@@ -18,6 +18,33 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 USER_PART_TYPES = {"text", "image_url", "input_audio", "file"}
 ASSISTANT_PART_TYPES = {"text", "refusal"}
 
+# How deeply JSON values may nest, counting the body itself as level 1. Everything after validation walks
+# the body recursively (canonical form, token budget, deep copies, LiteLLM) and orjson refuses to serialise
+# beyond 254 levels, so a request that parses (orjson reads up to 1024) could fail only after parsing, with a
+# 500 or a dropped connection, sometimes after its messages were stored. 64 is far more than real requests
+# use (a message part's image URL sits at level 6; each level of a tool's JSON Schema costs two, and OpenAI's
+# structured outputs allow 10), and far below both orjson's limit and Python's recursion limit of 1000
+# frames (a deep copy costs two to three frames per level).
+MAX_DEPTH = 64
+
+# The part of the request whose structure OpenAI defines: nested dicts name known keys, a one-item list
+# describes every item of an array. A path is reported down to the first key or index outside it, which is
+# the client's own field (``messages[3].metadata``, ``tools[0].function.parameters``, ``vendor_extra``).
+KNOWN_SHAPE: dict[str, Any] = {
+    "messages": [
+        {
+            "content": [{"image_url": {}, "input_audio": {}, "file": {}}],
+            "tool_calls": [{"function": {}}],
+            "function_call": {},
+            "audio": {},
+        }
+    ],
+    "tools": [{"function": {}}],
+    "tool_choice": {"function": {}},
+    "response_format": {"json_schema": {}},
+    "stream_options": {},
+}
+
 
 def _fail(param: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
@@ -33,6 +60,55 @@ def _expect(value: Any, kinds: type | tuple[type, ...], param: str, what: str) -
     bad_bool = isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,))
     if bad_bool or not isinstance(value, kinds):
         raise _fail(param, f"expected {what}, got {_type_name(value)}.")
+
+
+def _param(path: list[str | int]) -> str:
+    """The client's field that holds ``path``: the path cut after its first step outside ``KNOWN_SHAPE``."""
+    shape: Any = KNOWN_SHAPE
+    out = ""
+    for step in path:
+        if isinstance(step, int):
+            if not isinstance(shape, list):
+                break
+            out += f"[{step}]"
+            shape = shape[0]
+        else:
+            if not isinstance(shape, dict):
+                break
+            out += f".{step}" if out else step
+            shape = shape.get(step)
+            if shape is None:
+                break
+    return out
+
+
+# One container met while walking the body: (value, its nesting level, the parent's node, key in the parent).
+_Node = tuple[Any, int, "_Node | None", str | int]
+
+
+def _path_to(node: _Node) -> list[str | int]:
+    """The keys and indexes from the body down to ``node``."""
+    path: list[str | int] = []
+    while node[2] is not None:
+        path.append(node[3])
+        node = node[2]
+    return path[::-1]
+
+
+def _depth(body: dict[str, Any]) -> None:
+    """Refuse a body nested more than ``MAX_DEPTH`` levels, before anything recursive looks at it.
+
+    Iterative, and linear in the number of values: each container is visited once and keeps only a link
+    to its parent, so a path is spelt out for the one value that fails, not for the thousands that pass."""
+    stack: list[_Node] = [(body, 1, None, "")]
+    while stack:
+        node = stack.pop()
+        value, level = node[0], node[1]
+        if level > MAX_DEPTH:
+            param = _param(_path_to(node))
+            raise _fail(param, f"JSON values may be nested at most {MAX_DEPTH} levels deep.")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((child, level + 1, node, key) for key, child in items if isinstance(child, dict | list))
 
 
 def _number(body: ChatBody, key: str, low: float, high: float, integer: bool = False) -> None:
@@ -239,6 +315,7 @@ def validate_chat_request(body: Any) -> ChatBody:
             param=None,
             code="invalid_body",
         )
+    _depth(body)
     model = body.get("model")
     if model is None:
         raise InvalidRequestError(
