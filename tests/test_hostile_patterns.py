@@ -25,7 +25,16 @@ BOMBS = [
     "(?:foo){e<=3}",  # fuzzy matching
     "a" * (MAX_PATTERN_CHARS + 1),
 ]
-FINE = ["password", r"\d{3}-\d{4}", "a{1000}", "(a|aa)+$", r"foo\(\) \{", "[{}]{2,5}", r"(?i)api[_-]?key\s*=", "a{,5}b{2,}"]
+FINE = [
+    "password",
+    r"\d{3}-\d{4}",
+    "a{1000}",
+    "(a|aa)+$",
+    r"foo\(\) \{",
+    "[{}]{2,5}",
+    r"(?i)api[_-]?key\s*=",
+    "a{,5}b{2,}",
+]
 
 
 @pytest.mark.parametrize("pattern", BOMBS)
@@ -49,7 +58,9 @@ def transcript(count: int) -> list[dict[str, Any]]:
 
 def seeded(proxy: Any, count: int = 30) -> str:
     messages = transcript(count)
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json={"model": "test-model", "messages": messages}, timeout=30)
+    response = httpx.post(
+        f"{proxy.base_url}/chat/completions", json={"model": "test-model", "messages": messages}, timeout=30
+    )
     assert response.status_code == 200, response.text
     return response.headers["x-lcm-conversation-id"]
 
@@ -70,7 +81,9 @@ def test_lcm_grep_answers_a_compile_bomb_with_an_error_the_model_can_read(
     model = ToolModel(plan=[("lcm_grep", {"pattern": "a{1000000000}"}), ("lcm_grep", {"pattern": "reply 1"})])
     fake_upstream.responder = model
     messages = [*transcript(2), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "search"}]
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json={"model": "test-model", "messages": messages}, timeout=30)
+    response = httpx.post(
+        f"{proxy.base_url}/chat/completions", json={"model": "test-model", "messages": messages}, timeout=30
+    )
     assert response.status_code == 200, response.text
     assert model.result(0).startswith("Error: repeat counts above 1000")
     assert "reply 1" in model.result(1)  # the next call of the same round still runs

@@ -106,7 +106,12 @@ def world(proxy_factory: Any, fake_upstream: FakeUpstream) -> Iterator[tuple[Run
 
 
 def bob_turn(
-    proxy: RunningProxy, fake: FakeUpstream, model: ToolModel, alice: Alice, messages: list[dict[str, Any]], **headers: str
+    proxy: RunningProxy,
+    fake: FakeUpstream,
+    model: ToolModel,
+    alice: Alice,
+    messages: list[dict[str, Any]],
+    **headers: str,
 ) -> tuple[str, str]:
     """Bob's model calls every recall tool on Alice's ids; returns (Bob's conversation id, all the proxy showed)."""
     model.plan = every_tool_call(alice)
@@ -130,7 +135,9 @@ def admin_and_cli_views(proxy: RunningProxy, conversation: str, tmp_path: Path) 
             client.get(f"/lcm/conversations/{conversation}{suffix}").text
             for suffix in ("", "/messages", "/context", "/grep?pattern=lantern%7Ckestrel%7Cdiagnosis")
         ]
-        views.append(client.get(f"/lcm/conversations/{conversation}/grep?pattern=diagnosis+cabinet&mode=full_text").text)
+        views.append(
+            client.get(f"/lcm/conversations/{conversation}/grep?pattern=diagnosis+cabinet&mode=full_text").text
+        )
     config = tmp_path / "proxy.yaml"
     config.write_text(yaml.safe_dump(proxy.config.model_dump(mode="json")))
     for args in (
@@ -188,7 +195,9 @@ def test_another_conversations_id_with_a_different_transcript_sees_nothing_of_it
 ) -> None:
     proxy, alice, model = world
     messages = [{"role": "user", "content": "Good morning, what is on my list?"}]
-    bob_id, shown = bob_turn(proxy, fake_upstream, model, alice, messages, **{"x-lcm-conversation-id": alice.conversation})
+    bob_id, shown = bob_turn(
+        proxy, fake_upstream, model, alice, messages, **{"x-lcm-conversation-id": alice.conversation}
+    )
     assert_private(shown)
     view = httpx.get(f"{proxy.url}/lcm/conversations/{bob_id}", timeout=30).json()
     assert bob_id != alice.conversation and view["parent_id"] is None  # nothing shared: no lineage at all
@@ -206,7 +215,11 @@ def test_an_issued_id_always_names_its_conversation(
     other = post(proxy, [{"role": "user", "content": "Unrelated chat"}], **header).headers["x-lcm-conversation-id"]
     assert other != alice.conversation
     # ... and the id still names Alice's: her next turn continues her conversation, not a fork of the other.
-    history = [*alice_history(), {"role": "assistant", "content": "You're welcome."}, {"role": "user", "content": "One more thing."}]
+    history = [
+        *alice_history(),
+        {"role": "assistant", "content": "You're welcome."},
+        {"role": "user", "content": "One more thing."},
+    ]
     response = post(proxy, history, **header)
     assert response.headers["x-lcm-conversation-id"] == alice.conversation
     view = httpx.get(f"{proxy.url}/lcm/conversations/{alice.conversation}", timeout=30).json()
