@@ -26,6 +26,7 @@ from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
+from proxy.logs import configure_serving_logs
 from proxy.routing import ModelRouter, ResolvedModel
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
@@ -136,6 +137,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             # (p99 at 8 clients was ~250 ms for a ~4 ms p50). Once LiteLLM's lazy imports are done, freezing
             # the heap moves those objects out of the collector's sight; a full collection then takes ~2 ms.
             await state.upstream.warm_up()
+            recall_tool_tokens()  # loads the tokenizer now, not in the first request (a ~200 ms stall of the loop)
             gc.collect()
             gc.freeze()
         try:
@@ -162,4 +164,6 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
 
 def app_from_environment() -> Starlette:
     """Factory for ``uvicorn --factory`` and multi-worker serving: the config path comes from the env."""
-    return create_app(load_config(os.environ[CONFIG_ENV]), serving=True)
+    config = load_config(os.environ[CONFIG_ENV])
+    configure_serving_logs(config)  # a worker process: the logging ``lcm-proxy serve`` set up in its parent
+    return create_app(config, serving=True)

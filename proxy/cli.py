@@ -18,6 +18,7 @@ from typing import Any
 from proxy import __version__
 from proxy.config import ProxyConfig, load_config
 from proxy.errors import ConfigError
+from proxy.logs import configure_serving_logs
 
 DEFAULT_CONFIG = "config/proxy.yaml"
 log = logging.getLogger("lcm_proxy")
@@ -63,11 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     settings = config.general_settings
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Whatever the level, no library logs content, and no line shows a configured credential.
+    configure_serving_logs(config)
     host = args.host or settings.bind_host()
     port = settings.port if args.port is None else args.port
     if not settings.api_keys and not _is_loopback(host):

@@ -11,7 +11,8 @@ Three jobs:
   own ``upstream_retries`` applies before the first byte only.
 * **One error boundary.** ``map_litellm_exceptions`` turns every LiteLLM/OpenAI/httpx/aiohttp exception into
   a ``proxy.errors.UpstreamError`` carrying the upstream's status and message (mapped by ``status_code``,
-  not by class, because LiteLLM reports e.g. a 503 as ``BadRequestError``).
+  not by class, because LiteLLM reports e.g. a 503 as ``BadRequestError``). Every message leaving it, and
+  every error event inside a stream, goes through ``redact_upstream_message``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import orjson
 
 from proxy.config import GeneralSettings
 from proxy.errors import ProxyError, UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
+from proxy.redaction import credential_values, environment_credentials, redact_credentials, rules
 from proxy.routing import ResolvedModel
 from proxy.types import ChatBody, Chunk, JSONObject
 
@@ -196,12 +198,29 @@ def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, s
     return message, None, None, None
 
 
-def _redact(message: str, api_key: str | None) -> str:
-    # Some providers echo the key they were sent; it must reach neither the client nor the log.
-    return message.replace(api_key, "[redacted]") if api_key else message
+# Not a credential: the key sent to an api_base configured without one (see ``Upstream._kwargs``).
+PLACEHOLDER_KEY = "no-key-configured"
 
 
-def translate_exception(exc: BaseException, timeout: float | None = None, api_key: str | None = None) -> ProxyError:
+def call_credentials(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every credential a call could carry: its api_key and the other credential-looking values of its
+    parameters (aws_secret_access_key, vertex_credentials, every extra_headers value…). Keys LiteLLM reads
+    from the environment are added by ``redact_upstream_message`` itself."""
+    own = {k: v for k, v in params.items() if k not in TRANSLATED_PARAMS and k not in ("messages", "extra_body")}
+    return tuple(v for v in credential_values(own) if v != PLACEHOLDER_KEY)
+
+
+def redact_upstream_message(message: str, credentials: Iterable[str] = ()) -> str:
+    """The one redaction of upstream text (error messages, mid-stream error events). Providers echo the
+    credential they were sent, whole or in part ("Incorrect API key provided: sk-upstr**********6789"); it
+    must reach neither the client nor the log. Masks the call's credentials, the environment's, partial
+    echoes of either, and anything shaped like a key."""
+    return redact_credentials(message, credentials)
+
+
+def translate_exception(
+    exc: BaseException, timeout: float | None = None, credentials: Iterable[str] = ()
+) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
     status = getattr(exc, "status_code", None)
@@ -212,20 +231,21 @@ def translate_exception(exc: BaseException, timeout: float | None = None, api_ke
     if not has_response and _is_connection_failure(exc):
         return UpstreamConnectionError("Could not connect to the upstream provider.")
     message, kind, code, param = _upstream_fields(exc)
-    message = _redact(message, api_key)
+    message = redact_upstream_message(message, credentials)
     if isinstance(status, int) and 400 <= status < 600:
         return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
     return UpstreamError(f"Upstream call failed: {message}", status=502)
 
 
 @contextmanager
-def map_litellm_exceptions(timeout: float | None = None, api_key: str | None = None) -> Iterator[None]:
+def map_litellm_exceptions(timeout: float | None = None, credentials: Iterable[str] = ()) -> Iterator[None]:
     try:
         yield
     except (ProxyError, asyncio.CancelledError):
         raise
     except Exception as exc:
-        translated = translate_exception(exc, timeout, api_key)
+        translated = translate_exception(exc, timeout, credentials)
+        # Only the translated (redacted) message: the exception itself holds the provider's raw text.
         log.info("upstream error %s: %s", translated.status, translated.message)
         raise translated from exc
 
@@ -295,7 +315,9 @@ async def _litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Ch
             yield data
 
 
-async def _sse_chunks(response: httpx.Response, include_usage: bool, api_key: str | None) -> AsyncIterator[Chunk]:
+async def _sse_chunks(
+    response: httpx.Response, include_usage: bool, credentials: Iterable[str] = ()
+) -> AsyncIterator[Chunk]:
     """An OpenAI-compatible upstream's own SSE events, relayed as sent.
 
     LiteLLM has opened the call (routing, credentials, timeouts, error mapping), but for a provider that
@@ -324,7 +346,7 @@ async def _sse_chunks(response: httpx.Response, include_usage: bool, api_key: st
         if not isinstance(event, dict):
             continue
         if event.get("error") and not event.get("choices"):
-            _raise_stream_error(event["error"], api_key)
+            _raise_stream_error(event["error"], credentials)
         choices = event.get("choices") or []
         for choice in choices if isinstance(choices, list) else []:
             if isinstance(choice, dict):
@@ -340,13 +362,15 @@ async def _sse_chunks(response: httpx.Response, include_usage: bool, api_key: st
         raise _truncated()  # some choice (or the whole answer) never reached its finish_reason
 
 
-def _raise_stream_error(error: Any, api_key: str | None) -> None:
+def _raise_stream_error(error: Any, credentials: Iterable[str] = ()) -> None:
     """An error event inside the upstream's stream, as the OpenAI SDK would have raised it."""
     body: dict[str, Any] = error if isinstance(error, dict) else {"message": str(error)}
     code = body.get("code")
     status = code if isinstance(code, int) and 400 <= code < 600 else 502
     raise UpstreamError(
-        _redact(str(body.get("message") or "The upstream provider reported an error mid-stream."), api_key),
+        redact_upstream_message(
+            str(body.get("message") or "The upstream provider reported an error mid-stream."), credentials
+        ),
         status=status,
         type=str(body.get("type") or "upstream_error"),
         code=code if isinstance(code, str) else None,
@@ -356,11 +380,13 @@ def _raise_stream_error(error: Any, api_key: str | None) -> None:
 class UpstreamStream:
     """An open streamed completion: async-iterates OpenAI chunk dicts, always closed exactly once."""
 
-    def __init__(self, wrapper: Any, chunks: AsyncIterator[Chunk], timeout: float, api_key: str | None) -> None:
+    def __init__(
+        self, wrapper: Any, chunks: AsyncIterator[Chunk], timeout: float, credentials: Iterable[str] = ()
+    ) -> None:
         self._wrapper = wrapper
         self._chunks = chunks
         self._timeout = timeout
-        self._api_key = api_key
+        self._credentials = tuple(credentials)
         self._first: Chunk | None = None
 
     async def prime(self) -> None:
@@ -370,7 +396,7 @@ class UpstreamStream:
     async def next_chunk(self) -> Chunk | None:
         """The next chunk, or None at the end; every failure leaves as an ``UpstreamError``."""
         try:
-            with map_litellm_exceptions(self._timeout, self._api_key):
+            with map_litellm_exceptions(self._timeout, self._credentials):
                 return await anext(self._chunks, None)
         except UpstreamError as error:
             # A connection that breaks mid-body is a cut-off stream too, not the provider's own error.
@@ -427,7 +453,7 @@ class Upstream:
         if params.get("api_base") and not params.get("api_key"):
             # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
             # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
-            params["api_key"] = "no-key-configured"
+            params["api_key"] = PLACEHOLDER_KEY
         kwargs: dict[str, Any] = {
             **params,
             "stream": stream,
@@ -460,9 +486,18 @@ class Upstream:
     async def _call(self, kwargs: dict[str, Any], timeout: float) -> Any:
         attempt = 0
         resent = 0
+        credentials = call_credentials(kwargs)
+        if log.isEnabledFor(logging.DEBUG):  # names and sizes only: never content
+            messages = (kwargs.get("extra_body") or {}).get("messages") or kwargs.get("messages") or []
+            log.debug(
+                "upstream call: model %s, %d messages, stream %s",
+                kwargs.get("model"),
+                len(messages),
+                kwargs.get("stream"),
+            )
         while True:
             try:
-                with map_litellm_exceptions(timeout, kwargs.get("api_key")), _without_success_logging():
+                with map_litellm_exceptions(timeout, credentials), _without_success_logging():
                     return await self._litellm.acompletion(**kwargs)
             except UpstreamError as exc:
                 if resent < MAX_UNSENT_RESENDS and _request_not_sent(exc):
@@ -478,7 +513,10 @@ class Upstream:
         """Make one failing call, streamed and not, so LiteLLM's lazy imports (~0.3 s, the OpenAI client, its
         transport) happen now rather than in the first user's request, and before the server freezes its
         startup heap (see ``proxy.app``). The call goes to a loopback port that is bound but not listening:
-        the connection is refused at once and nothing leaves the machine."""
+        the connection is refused at once and nothing leaves the machine. The redaction rules (an import of
+        detect-secrets) and the environment's credentials are loaded here too, not in the first error."""
+        rules()
+        environment_credentials()
         with socket.socket() as refused:
             refused.bind(("127.0.0.1", 0))
             api_base = f"http://127.0.0.1:{refused.getsockname()[1]}/v1"
@@ -507,11 +545,12 @@ class Upstream:
         wrapper = await self._call(kwargs, timeout)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
+        credentials = call_credentials(kwargs)
         if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
-            chunks = _sse_chunks(response, include_usage, kwargs.get("api_key"))
+            chunks = _sse_chunks(response, include_usage, credentials)
         else:
             chunks = _litellm_chunks(wrapper, include_usage)
-        stream = UpstreamStream(wrapper, chunks, timeout, kwargs.get("api_key"))
+        stream = UpstreamStream(wrapper, chunks, timeout, credentials)
         try:
             await stream.prime()
         except BaseException:

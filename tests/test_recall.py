@@ -110,10 +110,11 @@ def test_path_traversal_and_symlinks_are_refused(tmp_path: Path) -> None:
         record = await engine.store.read.file("alice", file_id)
         assert record is not None
         await engine.store.search_conn.execute(
-            "UPDATE files SET path = ? WHERE id = ?", (engine.files.relative_path(record.sha256), file_id)
+            "UPDATE files SET path = ? WHERE id = ?",
+            (engine.files.relative_path(record.tenant, record.sha256), file_id),
         )
         await engine.store.search_conn.commit()
-        target = engine.files.resolve(engine.files.relative_path(record.sha256))
+        target = engine.files.resolve(engine.files.relative_path(record.tenant, record.sha256))
         outside = tmp_path.parent / f"outside-{os.getpid()}.txt"
         outside.write_text("TOP SECRET OUTSIDE")
         target.unlink()

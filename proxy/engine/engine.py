@@ -71,7 +71,10 @@ class ContextEngine:
         self.settings = settings
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
         self.ingestor = Ingestor(
-            store, files, Thresholds(settings.large_file_token_threshold, settings.tool_result_token_threshold)
+            store,
+            files,
+            Thresholds(settings.large_file_token_threshold, settings.tool_result_token_threshold),
+            self.guard,
         )
         self.compactor = Compactor(store, settings, self.guard)
         self._background: dict[str, asyncio.Task[SweepReport]] = {}

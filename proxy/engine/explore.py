@@ -18,8 +18,10 @@ import csv
 import io
 import itertools
 import json
+import logging
 import re
 import string
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +29,11 @@ from pathlib import PurePath
 from typing import Any, Literal, Protocol
 
 import yaml
+
+from proxy.engine.injection import remove_instruction_overrides
+from proxy.redaction import redact_secrets as redact_secrets  # re-exported: render.py and the tests use it
+
+log = logging.getLogger("lcm_proxy.explore")
 
 Kind = Literal["json", "csv", "yaml", "xml", "code", "text"]
 
@@ -57,45 +64,7 @@ _LANGUAGES = {
 
 # --- redaction -------------------------------------------------------------------------------------------
 
-_R = "[REDACTED]"
-_SECRET_NAME = r"(?:api[_-]?key|apikey|access[_-]?key|secret|token|passw(?:or)?d|authorization|credentials?)"
-# Annotations like `token: str` are code, not secrets; `token: str = "..."` still has its value redacted.
-_TYPE_WORD = r"(?:optional\[|[&*]\s*)?(?:str|int|bool|bytes|string|number|boolean|float|none|null|any|secretstr)\b"
-_ASSIGNMENT = re.compile(
-    rf"\b((?:[\w.-]{{0,40}}?{_SECRET_NAME}|(?:[\w.-]{{0,40}}[_.-])?key)[\"']?(?:\s*:\s*{_TYPE_WORD}\]?)?\s*[:=]\s*)"
-    rf"(?!{_TYPE_WORD})(?:(?:bearer|basic|token)\s+)?(\"[^\"\n]*\"|'[^'\n]*'|[^\s'\",;]+)",
-    re.I,
-)
-
-
-def _redact_assignment(match: re.Match[str]) -> str:
-    quote = match.group(2)[0] if match.group(2)[0] in "\"'" else ""
-    return f"{match.group(1)}{quote}{_R}{quote}"
-
-
-_REDACTIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
-    # A key block cut off by an excerpt or the cap has no END line: redact to the end of the text.
-    (re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY-----|.*)", re.S), _R),
-    # A tail excerpt may start inside a key block. The lookbehind anchors the match at the start of a run,
-    # which keeps this linear on long base64 runs.
-    (re.compile(r"(?<![A-Za-z0-9+/=\s])[A-Za-z0-9+/=\s]{16,}-----END[A-Z0-9 ]*PRIVATE KEY-----"), _R),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), _R),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), _R),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), _R),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), _R),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), _R),  # JWT
-    (re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.I), rf"\1 {_R}"),
-    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,30}://)[^\s/@:]+:[^\s/]*@"), rf"\1{_R}@"),  # keep scheme and host
-    (_ASSIGNMENT, _redact_assignment),  # keeps the key name, and the quotes of a quoted value
-]
-
-
-def redact_secrets(text: str) -> str:
-    """Replace likely credentials with ``[REDACTED]``, keeping key names, URL schemes and hosts."""
-    for pattern, replacement in _REDACTIONS:
-        text = pattern.sub(replacement, text)
-    return text
-
+# ``redact_secrets`` and its rule set live in proxy.redaction, shared with the upstream error boundary.
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -503,23 +472,80 @@ def _strip_thinking(text: str) -> str:
     return text.rsplit("</think>", 1)[-1].strip()
 
 
+class CallCap(Protocol):
+    """The hourly cap on summary-model calls (``proxy.engine.summarize.Guard``)."""
+
+    def take_call(self, conversation_id: str) -> bool: ...
+
+
+class ExplorationBudget:
+    """What one request may spend on LLM exploration: at most ``calls`` summary-model calls, none after
+    ``seconds`` from the budget's creation (a call started earlier is cut off then), and each one charged to
+    ``cap`` under ``key``. Past the budget, free text gets the deterministic summary."""
+
+    def __init__(
+        self,
+        calls: int,
+        seconds: float,
+        cap: CallCap | None = None,
+        key: str = "explore",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.calls_left = calls
+        self.deadline = clock() + seconds
+        self.cap = cap
+        self.key = key
+        self.clock = clock
+
+    def take(self) -> float | None:
+        """Spend one call: the seconds it may take, or None when no call may be made."""
+        remaining = self.deadline - self.clock()
+        if self.calls_left <= 0 or remaining <= 0:
+            return None
+        if self.cap is not None and not self.cap.take_call(self.key):
+            return None
+        self.calls_left -= 1
+        return remaining
+
+
+CLASSIFY_OFF_LOOP = 64 << 10  # characters: classifying may parse up to SNIFF_LIMIT of JSON
+
+
 async def exploration_summary(
-    name: str, mime: str | None, content: str, summarizer: TextSummarizer | None, *, max_tokens: int = 400
+    name: str,
+    mime: str | None,
+    content: str,
+    summarizer: TextSummarizer | None,
+    *,
+    max_tokens: int = 400,
+    budget: ExplorationBudget | None = None,
 ) -> str:
-    """The summary placed in a file stub. Structured data and code never reach the LLM."""
-    kind = classify(name, mime, content)
+    """The summary placed in a file stub. Structured data and code never reach the LLM; free text does while
+    ``budget`` (when given) allows."""
     # Parsing megabytes is CPU work: keep it off the event loop.
+    if len(content) > CLASSIFY_OFF_LOOP:
+        kind = await asyncio.to_thread(classify, name, mime, content)
+    else:
+        kind = classify(name, mime, content)
     if kind == "code":
         return await asyncio.to_thread(explore_code, name, content)
     if kind != "text":
         return await asyncio.to_thread(explore_structured, kind, content)
-    if summarizer is not None:
+    timeout = budget.take() if summarizer is not None and budget is not None else None
+    if summarizer is not None and (budget is None or timeout is not None):
         try:
-            raw = await summarizer.summarize_text(content, name=name, max_tokens=max_tokens)
+            call = summarizer.summarize_text(content, name=name, max_tokens=max_tokens)
+            raw = await (call if timeout is None else asyncio.wait_for(call, timeout))
             summary = _strip_thinking(raw) if isinstance(raw, str) else ""
             # Far over budget means the model ignored the instructions (or echoed the document).
             if summary and len(summary) <= 16 * max_tokens:
-                return _finish(["Kind: text (LLM summary)", summary], 16 * max_tokens + 64)
-        except Exception:
-            pass
+                # A model-written description of untrusted text goes into every forwarded stub of the file.
+                lines = ["Kind: text (LLM summary)", remove_instruction_overrides(summary)]
+                return _finish(lines, 16 * max_tokens + 64)
+        except Exception as error:  # a timeout or an upstream error: the excerpts below stand in
+            log.warning(
+                "exploration summary of a %d-character document failed (%s); using excerpts",
+                len(content),
+                type(error).__name__,
+            )
     return await asyncio.to_thread(explore_text_fallback, content)

@@ -19,21 +19,23 @@ for one conversation (from any process) neither duplicate nor lose a message.
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 
 from proxy.engine import tokens
 from proxy.engine.canonical import chain_hashes, split_instructions
 from proxy.engine.compaction import covering_prefix
-from proxy.engine.explore import TextSummarizer, exploration_summary
+from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
+from proxy.engine.summarize import Guard
 from proxy.errors import ConversationBusyError
-from proxy.store.files import FileStore
+from proxy.store.files import FileBatch, FileStore
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
 from proxy.store.sqlite import Queries, SQLiteStore
 from proxy.types import Message, Messages
@@ -46,6 +48,10 @@ class Thresholds:
     large_file_tokens: int
     tool_result_tokens: int
     exploration_tokens: int = 400
+    # Per request: at most this many summary-model calls explore stored payloads (each one also charged to
+    # the hourly cap), and none once this many seconds have passed; the rest get deterministic summaries.
+    exploration_calls: int = 4
+    exploration_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -141,10 +147,13 @@ async def _longest_prefix(q: Queries, tenant: str, chains: list[str], among: lis
 
 
 class Ingestor:
-    def __init__(self, store: SQLiteStore, files: FileStore, thresholds: Thresholds) -> None:
+    def __init__(
+        self, store: SQLiteStore, files: FileStore, thresholds: Thresholds, guard: Guard | None = None
+    ) -> None:
         self.store = store
         self.files = files
         self.thresholds = thresholds
+        self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
 
     async def ingest(
         self,
@@ -159,7 +168,12 @@ class Ingestor:
         if not transcript:
             count = tokens.count_messages(messages)
             return IngestResult(None, "none", 0, None, messages, count, count)
-        chains = chain_hashes(tenant, transcript)
+        # Hashing canonical forms is CPU work proportional to the request: a large one goes to a worker thread,
+        # so that the event loop keeps serving other requests meanwhile.
+        if _weight(transcript) >= OFF_LOOP_CHARS:
+            chains = await asyncio.to_thread(chain_hashes, tenant, transcript)
+        else:
+            chains = chain_hashes(tenant, transcript)
         tool_names = {
             str(call.get("id")): str(call["function"].get("name", ""))
             for m in transcript
@@ -172,36 +186,52 @@ class Ingestor:
             tenant, self.thresholds.large_file_tokens, self.thresholds.tool_result_tokens, explorer
         )
 
-        # Prepare outside the write lock: interception may write files and call the summarizer.
-        first_guess = await locate(self.store.read, tenant, chains, conversation_key)
-        prepared: dict[int, tuple[Interception, NewMessage]] = {}
+        # Prepare outside the write lock: interception may write files and call the summarizer. New payload
+        # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
+        # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
+        batch = self.files.batch(tenant)
+        try:
+            first_guess = await locate(self.store.read, tenant, chains, conversation_key)
+            prepared: dict[int, tuple[Interception, NewMessage]] = {}
 
-        async def prepare(i: int) -> tuple[Interception, NewMessage]:
-            if i not in prepared:
-                prepared[i] = await self._prepare(interceptor, transcript[i], chains[i], tool_names)
-            return prepared[i]
+            async def prepare(i: int) -> tuple[Interception, NewMessage]:
+                if i not in prepared:
+                    prepared[i] = await self._prepare(interceptor, transcript[i], chains[i], tool_names, batch)
+                return prepared[i]
 
-        for i in range(first_guess.common, len(transcript)):
-            await prepare(i)
+            for i in range(first_guess.common, len(transcript)):
+                await prepare(i)
 
-        instructions_json = orjson.dumps(instructions).decode() if instructions else None
-        guess = first_guess.conversation
-        action_guess = first_guess.action(len(transcript))
-        action: Action
-        if (
-            guess is not None
-            and action_guess in ("same", "earlier")
-            and (action_guess == "earlier" or guess.instructions_json == instructions_json)
-            and (model is None or guess.last_model == model)
-            and time.time() - guess.updated_at < TOUCH_INTERVAL
-        ):
-            # A retry of what is stored: nothing to write, so no write transaction (the hot path of clients
-            # that re-send the same transcript, and of every multi-round tool loop).
-            conversation_id, action, appended, forked_from = guess.id, action_guess, 0, None
-        else:
-            conversation_id, action, appended, forked_from = await self._write(
-                tenant, transcript, chains, conversation_key, instructions_json, prepared, prepare, explorations, model
-            )
+            instructions_json = orjson.dumps(instructions).decode() if instructions else None
+            guess = first_guess.conversation
+            action_guess = first_guess.action(len(transcript))
+            action: Action
+            if (
+                guess is not None
+                and action_guess in ("same", "earlier")
+                and (action_guess == "earlier" or guess.instructions_json == instructions_json)
+                and (model is None or guess.last_model == model)
+                and time.time() - guess.updated_at < TOUCH_INTERVAL
+            ):
+                # A retry of what is stored: nothing to write, so no write transaction (the hot path of clients
+                # that re-send the same transcript, and of every multi-round tool loop).
+                conversation_id, action, appended, forked_from = guess.id, action_guess, 0, None
+            else:
+                conversation_id, action, appended, forked_from = await self._write(
+                    tenant,
+                    transcript,
+                    chains,
+                    conversation_key,
+                    instructions_json,
+                    prepared,
+                    prepare,
+                    explorations,
+                    model,
+                    batch,
+                )
+        finally:
+            if batch.holds_files:
+                await asyncio.to_thread(batch.discard)
         overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
         forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
         instruction_tokens = tokens.count_messages(instructions)
@@ -235,13 +265,22 @@ class Ingestor:
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
         explorations: dict[str, str],
         model: str | None,
+        batch: FileBatch,
     ) -> tuple[str, Action, int, str | None]:
         for _attempt in range(5):
             try:
                 # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
                 return await asyncio.shield(
                     self._commit(
-                        tenant, transcript, chains, conversation_key, instructions_json, prepared, explorations, model
+                        tenant,
+                        transcript,
+                        chains,
+                        conversation_key,
+                        instructions_json,
+                        prepared,
+                        explorations,
+                        model,
+                        batch,
                     )
                 )
             except _NeedsPreparation as missing:
@@ -263,6 +302,7 @@ class Ingestor:
         prepared: dict[int, tuple[Interception, NewMessage]],
         explorations: dict[str, str],
         model: str | None,
+        batch: FileBatch,
     ) -> tuple[str, Action, int, str | None]:
         async with self.store.write() as tx:
             located = await locate(tx, tenant, chains, key)
@@ -313,18 +353,28 @@ class Ingestor:
             if missing:
                 raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
             new = [prepared[i] for i in range(start, len(transcript))]
+            paths: list[str] = []
             for interception, _ in new:
                 for payload in interception.payloads:
                     exploration = explorations.get(payload.file_id)
-                    await tx.put_file(self._file_record(tenant, conversation_id, payload, exploration))
+                    record = self._file_record(tenant, conversation_id, payload, exploration, batch)
+                    paths.append(record.path)
+                    await tx.put_file(record)
             if new:
                 await tx.append_messages(conversation_id, start, [m for _, m in new])
+                if paths:
+                    # Last, before the commit: a committed row never names a missing file, and a unit that failed
+                    # before this point published nothing (its pending files are discarded by the caller).
+                    await asyncio.to_thread(batch.publish, paths)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from
 
-    def _file_record(self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None) -> FileRecord:
-        sha = self.files.digest(payload.data)
+    def _file_record(
+        self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: FileBatch
+    ) -> FileRecord:
+        # Every payload of a prepared message was added to the batch by _prepare, which hashed it there.
+        sha, path = batch.location(payload.file_id) or batch.add(payload.data, payload.file_id)
         return FileRecord(
             id=payload.file_id,
             tenant=tenant,
@@ -334,7 +384,7 @@ class Ingestor:
             kind=payload.kind,
             bytes=len(payload.data),
             sha256=sha,
-            path=self.files.relative_path(sha),
+            path=path,
             exploration=exploration,
             created_at=time.time(),
         )
@@ -342,15 +392,32 @@ class Ingestor:
     def _explorer(
         self, tenant: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
     ) -> Callable[[Payload], Awaitable[str]]:
+        """The exploration of one request's payloads, within its budget of summary-model calls."""
+        thresholds = self.thresholds
+        budget = ExplorationBudget(
+            thresholds.exploration_calls, thresholds.exploration_seconds, self.guard, f"explore:{tenant}"
+        )
+
         async def explore(payload: Payload) -> str:
+            if payload.file_id in explorations:  # the same payload twice in one request
+                return explorations[payload.file_id]
             known = await self.store.read.file(tenant, payload.file_id)
             if known is not None and known.exploration:
                 summary = known.exploration
             elif payload.text is None:
                 summary = f"Kind: binary ({payload.mime}), {len(payload.data)} bytes."
             else:
+                model = getattr(summarizer, "model", None)
+                usable = summarizer is not None and not (
+                    self.guard is not None and isinstance(model, str) and self.guard.breaker_open(model)
+                )
                 summary = await exploration_summary(
-                    payload.name, payload.mime, payload.text, summarizer, max_tokens=self.thresholds.exploration_tokens
+                    payload.name,
+                    payload.mime,
+                    payload.text,
+                    summarizer if usable else None,
+                    max_tokens=thresholds.exploration_tokens,
+                    budget=budget,
                 )
             explorations[payload.file_id] = summary
             return summary
@@ -358,20 +425,39 @@ class Ingestor:
         return explore
 
     async def _prepare(
-        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str]
+        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: FileBatch
     ) -> tuple[Interception, NewMessage]:
-        interception = await interceptor.intercept(message, tool_names)
+        # Interception, patching, counting and hashing are CPU work proportional to the message (a message may
+        # carry thousands of base64 parts): a large message is handled in a worker thread, in two passes around
+        # its explorations, which run here (they read the store and may call the summary model).
+        off_loop = _weight(message) >= OFF_LOOP_CHARS
+        deferred = _DeferredExplorations(interceptor)
+        if off_loop:
+            interception = await asyncio.to_thread(deferred.intercept, message, tool_names)
+        else:
+            interception = deferred.intercept(message, tool_names)
+        summaries = {file_id: await interceptor.explore(payload) for file_id, payload in deferred.wanted.items()}
+
+        def finish() -> NewMessage:
+            deferred.fill(interception, summaries)
+            record = self._message_record(message, chain, interception, batch)
+            if batch.unwritten:
+                batch.write()  # one worker-thread hop per message, however many files it carries
+            return record
+
+        record = await asyncio.to_thread(finish) if off_loop or interception.payloads else finish()
+        return interception, record
+
+    @staticmethod
+    def _message_record(message: Message, chain: str, interception: Interception, batch: FileBatch) -> NewMessage:
         for payload in interception.payloads:
-            if len(payload.data) > 1 << 20:
-                await asyncio.to_thread(self.files.put, payload.data)
-            else:
-                self.files.put(payload.data)
+            batch.add(payload.data, payload.file_id)
         forwarded = apply_patches(message, interception.forward_patches)
         forwarded_tokens = tokens.count_message(forwarded)
         compact_tokens = None
         if interception.compact_patches:
             compact_tokens = tokens.count_message(apply_patches(forwarded, interception.compact_patches))
-        record = NewMessage(
+        return NewMessage(
             role=str(message.get("role")),
             original_json=orjson.dumps(interception.original).decode(),
             payload_paths=orjson.dumps(interception.paths).decode() if interception.paths else None,
@@ -384,7 +470,75 @@ class Ingestor:
             file_ids=tuple(p.file_id for p in interception.payloads),
             compact_token_count=compact_tokens,
         )
-        return interception, record
+
+
+OFF_LOOP_CHARS = 64 * 1024  # text beyond which hashing and interception run in a worker thread
+OFF_LOOP_VALUES = 512  # a value made of more parts than this counts as that much text without looking further
+
+_T = TypeVar("_T")
+
+
+def _weight(value: Any) -> int:
+    """Characters of text in ``value``, counted up to ``OFF_LOOP_CHARS`` and at a bounded cost: whether
+    handling it is worth a worker thread (values of many parts are, without counting them all)."""
+    total, visited, stack = 0, 0, [value]
+    while stack and total < OFF_LOOP_CHARS:
+        item = stack.pop()
+        visited += 1
+        if visited > OFF_LOOP_VALUES:
+            return OFF_LOOP_CHARS
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def _run_now(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine that never suspends, in the calling thread (no event loop needed)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("interception awaited something: it cannot run outside the event loop")
+
+
+class _DeferredExplorations:
+    """Interception with its explorations left for later, so that it can run in a worker thread.
+
+    Each stub gets a marker where its exploration summary goes (unguessable: it carries a per-message nonce),
+    ``wanted`` lists the payloads to explore, and ``fill`` puts the summaries in place. The result is the
+    interception the interceptor's own explorer would have produced."""
+
+    def __init__(self, interceptor: Interceptor) -> None:
+        self.interceptor = interceptor
+        self.wanted: dict[str, Payload] = {}
+        nonce = secrets.token_hex(16)
+        self._prefix = f"\x00lcm-exploration:{nonce}:"
+        self._marker = re.compile(re.escape(self._prefix) + "(file_[0-9a-f]+)\x00")
+
+    async def _mark(self, payload: Payload) -> str:
+        self.wanted.setdefault(payload.file_id, payload)
+        return f"{self._prefix}{payload.file_id}\x00"
+
+    def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
+        original = self.interceptor
+        marking = Interceptor(original.tenant, original.large, original.tool, self._mark)
+        return _run_now(marking.intercept(message, tool_names))
+
+    def fill(self, interception: Interception, summaries: dict[str, str]) -> None:
+        if not self.wanted:
+            return
+
+        def summary(match: re.Match[str]) -> str:
+            return summaries[match.group(1)].strip()  # as stub_text would have placed it
+
+        for patches in (interception.forward_patches, interception.compact_patches):
+            patches[:] = [(path, self._marker.sub(summary, value)) for path, value in patches]
 
 
 def searchable_text(message: Message, interception: Interception) -> str:

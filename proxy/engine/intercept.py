@@ -65,6 +65,7 @@ class Interception:
     compact_patches: list[tuple[Path, str]]  # applied too once compaction is due
     payloads: list[Payload] = field(default_factory=list)
     segments: list[list[Any]] = field(default_factory=list)  # beside ``paths``, same order
+    payload_ids: set[str] = field(default_factory=set)  # of ``payloads``: one check per part, not one scan
 
     @property
     def changed(self) -> bool:
@@ -209,7 +210,8 @@ class Interceptor:
         result.paths.append(path)
         result.segments.append([s for s in segments if s != ""])
         for payload in payloads:
-            if all(p.file_id != payload.file_id for p in result.payloads):
+            if payload.file_id not in result.payload_ids:
+                result.payload_ids.add(payload.file_id)
                 result.payloads.append(payload)
 
     async def _text(self, text: str, path: Path, result: Interception) -> None:

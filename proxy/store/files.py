@@ -1,57 +1,135 @@
-"""Content-addressed payload files under the data directory.
+"""Payload files under the data directory, content-addressed per tenant.
 
-A payload is written once per content hash (``files/ab/abcdef…``), atomically (temp file + rename), 0600 in
-0700 folders. Reads resolve the path and refuse anything that leaves the files root, symlinks included: a
-path comes from the database, and a database is not trusted to be untampered.
+A payload lives at ``files/ab/<address>``, where the address is ``sha256(tenant NUL sha256(content))``: a tenant
+only ever deduplicates against its own files, so whether a write happens (and how long it takes) tells it
+nothing about what other tenants stored. The ``files`` table keeps the content hash (doctor checks content
+against it) and the path, so rows written under another layout stay valid.
+
+Writes go through a ``FileBatch``, one per request: new payloads are written to a private pending folder
+and made durable there, then *published* (renamed into place) by the write transaction that stores the rows
+referring to them, before it commits; a request that fails before that deletes its pending files and
+leaves nothing behind. A published file is never deleted that way: another request of the same tenant may
+refer to the same content. Files are 0600 in 0700 folders. Reads resolve the path and refuse anything
+that leaves the files root, symlinks included: a path comes from the database, and a database is not
+trusted to be untampered.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import os
-import tempfile
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+PENDING = ".pending"  # under the files root: same file system, so publishing is an atomic rename
+PENDING_MAX_AGE = 3600.0  # seconds: pending files this old belong to a process that died mid-request
+SYNCFS_BATCH = 16  # from this many files on, one syncfs(2) instead of an fsync per file (Linux)
 
 
 class UnsafePathError(Exception):
     pass
 
 
+class BatchClosedError(Exception):
+    """The request gave up on its batch (its pending files are gone) while its transaction still ran."""
+
+
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    try:
+        function: Callable[[int], int] = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+def _private_dir(folder: Path) -> None:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+
+
+def _sync(paths: Iterable[Path], anchor: Path | None = None) -> None:
+    """Make ``paths`` (files or folders) durable: fsync each, or (given an ``anchor``) one syncfs of its file
+    system when there are many. syncfs also waits for other processes' writes: not for use under a lock."""
+    paths = list(paths)
+    syncfs = _syncfs() if len(paths) >= SYNCFS_BATCH else None
+    if anchor is not None and syncfs is not None:
+        fd = os.open(anchor, os.O_RDONLY)
+        try:
+            if syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class FileStore:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.root = data_dir / "files"
+        self.pending_dir = self.root / PENDING
+        self._swept = False
 
     @staticmethod
     def digest(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 
-    def relative_path(self, sha256: str) -> str:
-        return f"files/{sha256[:2]}/{sha256}"
+    @staticmethod
+    def address(tenant: str, sha256: str) -> str:
+        """Where ``tenant``'s copy of the content hashed ``sha256`` lives (like ``file_id_for``, per tenant)."""
+        return hashlib.sha256(f"{tenant}\x00{sha256}".encode()).hexdigest()
 
-    def put(self, data: bytes) -> tuple[str, str]:
-        """Store ``data`` once; return (sha256, path relative to the data dir)."""
-        sha = self.digest(data)
-        relative = self.relative_path(sha)
-        target = self.data_dir / relative
-        if target.exists():
-            return sha, relative
-        for folder in (self.root, target.parent):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(folder, 0o700)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    def relative_path(self, tenant: str, sha256: str) -> str:
+        address = self.address(tenant, sha256)
+        return f"files/{address[:2]}/{address}"
+
+    def batch(self, tenant: str) -> FileBatch:
+        return FileBatch(self, tenant)
+
+    def put(self, tenant: str, data: bytes) -> tuple[str, str]:
+        """Store ``data`` for ``tenant`` now (blocking); return (sha256, path relative to the data dir)."""
+        batch = self.batch(tenant)
         try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)  # atomic: readers see the whole file or none
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            sha, relative = batch.add(data)
+            batch.write()
+            batch.publish([relative])
+        finally:
+            batch.discard()
         return sha, relative
+
+    def sweep_pending(self, max_age: float = PENDING_MAX_AGE) -> int:
+        """Delete pending files left by a process that died mid-request; return how many."""
+        removed = 0
+        cutoff = time.time() - max_age
+        try:
+            entries = list(os.scandir(self.pending_dir))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def _prepare_pending(self) -> None:
+        for folder in (self.root, self.pending_dir):
+            _private_dir(folder)
+        if not self._swept:
+            self._swept = True
+            self.sweep_pending()
 
     def resolve(self, relative: str) -> Path:
         if not relative or os.path.isabs(relative) or "\x00" in relative:
@@ -77,3 +155,97 @@ class FileStore:
             return self.resolve(relative).is_file()
         except UnsafePathError:
             return False
+
+
+class FileBatch:
+    """The payloads of one request: ``add`` (cheap, any thread), ``write`` to the pending folder, ``publish``
+    the ones a transaction stores, ``discard`` the rest. ``write``, ``publish`` and ``discard`` block: call
+    them in a worker thread, once per batch of files (never once per file on the event loop)."""
+
+    def __init__(self, store: FileStore, tenant: str) -> None:
+        self.store = store
+        self.tenant = tenant
+        self._lock = threading.Lock()
+        self._located: dict[str, tuple[str, str]] = {}  # file id -> (sha256, relative path)
+        self._queued: dict[str, bytes] = {}  # relative path -> content, not written yet
+        self._pending: dict[str, Path] = {}  # relative path -> durable pending file, not published yet
+        self._closed = False
+        self.holds_files = False  # anything was ever added: then discard() must run when the request is done
+
+    def add(self, data: bytes, file_id: str | None = None) -> tuple[str, str]:
+        """Queue ``data`` for writing unless this batch has it already; return (sha256, relative path)."""
+        sha = self.store.digest(data)
+        relative = self.store.relative_path(self.tenant, sha)
+        with self._lock:
+            self.holds_files = True
+            if relative not in self._pending:
+                self._queued.setdefault(relative, data)
+            if file_id is not None:
+                self._located[file_id] = (sha, relative)
+        return sha, relative
+
+    def location(self, file_id: str) -> tuple[str, str] | None:
+        return self._located.get(file_id)
+
+    @property
+    def unwritten(self) -> bool:
+        return bool(self._queued)
+
+    def write(self) -> None:
+        """Write what was queued to the pending folder, durably. Content the tenant already has (published
+        by an earlier request) is not written again."""
+        with self._lock:
+            if self._closed:
+                raise BatchClosedError("this request's files were discarded")
+            queued, self._queued = self._queued, {}
+            todo = {r: d for r, d in queued.items() if not (self.store.data_dir / r).is_file()}
+            if not todo:
+                return
+            self.store._prepare_pending()
+            written: dict[str, Path] = {}
+            try:
+                for relative, data in todo.items():
+                    path = self.store.pending_dir / secrets.token_hex(16)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                    written[relative] = path
+                    with os.fdopen(fd, "wb") as handle:
+                        os.fchmod(handle.fileno(), 0o600)  # whatever the umask
+                        handle.write(data)
+                # Durable before it can be published: a published file is trusted by its name for ever.
+                _sync(written.values(), self.store.pending_dir)
+            except BaseException:
+                for path in written.values():
+                    path.unlink(missing_ok=True)
+                raise
+            self._pending.update(written)
+
+    def publish(self, relatives: Iterable[str]) -> None:
+        """Rename these paths' pending files into place, durably (call before the rows referring to them
+        commit). Paths this batch did not write were published before and are left as they are."""
+        with self._lock:
+            if self._closed:
+                raise BatchClosedError("this request's files were discarded before its transaction published them")
+            if self._queued:
+                raise RuntimeError("publish() before write(): some payloads are not on disk yet")
+            moves = [(r, self._pending[r]) for r in dict.fromkeys(relatives) if r in self._pending]
+            if not moves:
+                return
+            folders: dict[Path, None] = {}
+            for relative, _ in moves:
+                folders.setdefault((self.store.data_dir / relative).parent)
+            _private_dir(self.store.root)
+            for folder in folders:
+                _private_dir(folder)
+            for relative, path in moves:
+                os.replace(path, self.store.data_dir / relative)  # atomic: readers see the whole file or none
+                del self._pending[relative]
+            _sync([*folders, self.store.root])  # at most 257 folders; this runs inside the write transaction
+
+    def discard(self) -> None:
+        """Delete the pending files that were not published. Published files stay (others may use them)."""
+        with self._lock:
+            self._closed = True
+            self._queued.clear()
+            pending, self._pending = self._pending, {}
+        for path in pending.values():
+            path.unlink(missing_ok=True)

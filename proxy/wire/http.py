@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import json.scanner
 from typing import Any
 
 import orjson
@@ -49,10 +52,86 @@ async def read_json_body(request: Request, limit: int) -> Any:
     raw = b"".join(chunks)
     if not raw.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.", code="invalid_body")
+    if len(raw) > PARSE_ON_LOOP_BYTES:
+        return await asyncio.to_thread(parse_json_in_steps, raw)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError(
-            f"We could not parse the JSON body of your request ({exc.msg} at position {exc.pos}).",
-            code="invalid_json",
-        ) from None
+        raise _unparsable(f"{exc.msg} at position {exc.pos}") from None
+
+
+# A body up to this size is parsed by orjson on the event loop: it is the fastest parser there is, and ordinary
+# requests, long conversations included, stay well below this. orjson holds the GIL for a whole parse (about
+# 2.5 ms per MB), in which nothing else runs, not even in another thread; a larger body (a huge paste, a
+# hostile upload) is parsed in a worker thread by a slower parser that lets other threads run between values.
+PARSE_ON_LOOP_BYTES = 8 << 20
+
+
+def _unparsable(reason: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"We could not parse the JSON body of your request ({reason}).",
+        code="invalid_json",
+    )
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _number(text: str) -> Any:
+    try:
+        return orjson.loads(text)  # orjson's reading of numbers: big integers become floats, 1e999 is refused
+    except orjson.JSONDecodeError:
+        raise _Refused(f"number {text[:40]} is out of range") from None
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"{name} is not valid JSON")
+
+
+def _checked(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise _Refused("a string holds an unpaired surrogate escape") from None
+    return value
+
+
+def parse_json_in_steps(raw: bytes) -> Any:
+    """``orjson.loads(raw)``, value by value in Python so that other threads (the event loop) keep running.
+
+    It accepts what orjson accepts and returns the same values: strict UTF-8 without a byte order mark, no NaN
+    or Infinity, no unpaired surrogate escapes, numbers read by orjson itself, the last of duplicate keys. One
+    difference: values nested more than ~450 levels deep are refused (orjson reads 1024; validation allows 64).
+    Strings are scanned by the standard library's C scanner, each in one step."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise _unparsable("a UTF-8 byte order mark is not supported")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _unparsable(f"invalid UTF-8 at position {exc.start}") from None
+    scan_string = json.decoder.scanstring  # type: ignore[attr-defined]  # the C scanner, one call per string
+
+    def parse_string(s: str, end: int, strict: bool) -> tuple[str, int]:
+        value, end = scan_string(s, end, strict)
+        return _checked(value), end
+
+    def parse_object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        for key, _ in pairs:
+            _checked(key)
+        return dict(pairs)
+
+    decoder = json.JSONDecoder(
+        parse_float=_number, parse_int=_number, parse_constant=_constant, object_pairs_hook=parse_object_pairs
+    )
+    decoder.parse_string = parse_string  # type: ignore[attr-defined]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    try:
+        return decoder.decode(text)
+    except json.JSONDecodeError as exc:
+        raise _unparsable(f"{exc.msg} at position {exc.pos}") from None
+    except _Refused as exc:
+        raise _unparsable(str(exc)) from None
+    except RecursionError:
+        raise _unparsable("values are nested too deeply") from None

@@ -307,6 +307,24 @@ CHECKS: tuple[Callable[[ChatBody], None], ...] = (
 )
 
 
+# Content parts per message. Real clients send a handful (a few images, text blocks); each part may become a
+# stored file, a row and a summary, so a request of 20,000 parts is work, not a conversation. Checked before
+# anything walks the parts.
+MAX_CONTENT_PARTS = 1000
+
+
+def _part_counts(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and len(content) > MAX_CONTENT_PARTS:
+            raise _fail(
+                f"messages[{i}].content", f"at most {MAX_CONTENT_PARTS} content parts per message, got {len(content)}."
+            )
+
+
 def validate_chat_request(body: Any) -> ChatBody:
     """Return ``body`` if it is a well-formed chat completion request, else raise ``InvalidRequestError``."""
     if not isinstance(body, dict):
@@ -315,6 +333,7 @@ def validate_chat_request(body: Any) -> ChatBody:
             param=None,
             code="invalid_body",
         )
+    _part_counts(body)
     _depth(body)
     model = body.get("model")
     if model is None:

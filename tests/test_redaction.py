@@ -1,0 +1,379 @@
+"""Credentials and secrets: what a client's error, a log line, a summary or a summarizer prompt may show.
+
+1. The upstream error boundary masks every credential the call could carry (its api_key, the deployment's
+   other credential values and ``extra_headers``, the keys LiteLLM reads from the environment), partial
+   echoes of them, and anything shaped like a key; in the client's error, in mid-stream error events, and in
+   the log line.
+2. The secret rule set (exploration summaries, summarizer input) covers the common formats, from a
+   maintained scanner's patterns plus our own, and stays linear on hostile input.
+3. At ``log_level: debug`` a served proxy logs ids and sizes, never conversation content.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.engine.explore import redact_secrets
+from proxy.upstream import load_litellm, translate_exception
+from tests.conftest import UPSTREAM_KEY, RunningProxy
+from tests.fakes import FakeUpstream, Reply
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A credential with no well-known shape: only knowing the deployment's values can mask it.
+HEADER_SECRET = "hdr-Zq7Lp2Vx9Kd4Wm8Rt3Yb"
+# The same for a key the proxy's environment holds (LiteLLM reads e.g. ANTHROPIC_API_KEY from there).
+ENV_NAME = "LCMTEST_PROVIDER_API_KEY"
+ENV_KEY = "envkey-Jx82Qa17Lm40Pz"
+
+
+def _header_model(upstream_url: str) -> dict[str, Any]:
+    return {
+        "model_name": "header-model",
+        "litellm_params": {
+            "model": "openai/fake-model",
+            "api_base": f"{upstream_url}/v1",
+            "api_key": UPSTREAM_KEY,
+            "extra_headers": {"X-Upstream-Token": HEADER_SECRET},
+        },
+    }
+
+
+def _chat(proxy: RunningProxy, model: str, stream: bool = False) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json=body, timeout=30) as response:
+        response.read()
+        return response
+
+
+def _sse(*events: Any) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+# --- 1. the upstream error boundary ------------------------------------------------------------------------
+
+
+def test_extra_headers_credential_never_reaches_the_client_or_the_log(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider that echoes a credential sent in ``extra_headers``: in a plain error, a streamed request's
+    error, and an error event inside a 200 stream, the client and the INFO log see it masked."""
+    caplog.set_level(logging.INFO)
+    proxy = proxy_factory(models=[_header_model(upstream_url)])
+    echo = f"Unknown tenant credential {HEADER_SECRET} for this organisation"
+    fake_upstream.enqueue(Reply(status=401, error_message=echo))
+    plain = _chat(proxy, "header-model")
+    assert fake_upstream.last.headers["x-upstream-token"] == HEADER_SECRET  # the credential is in use
+    fake_upstream.enqueue(Reply(status=401, error_message=echo))
+    streamed = _chat(proxy, "header-model", stream=True)
+    first = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}  # fmt: skip
+    event = {"error": {"message": echo, "type": "invalid_request_error"}}
+    fake_upstream.enqueue(Reply(raw_body=_sse(first, event)))
+    mid_stream = _chat(proxy, "header-model", stream=True)
+
+    assert plain.status_code == 401 and streamed.status_code == 401 and mid_stream.status_code == 200
+    for response in (plain, streamed, mid_stream):
+        assert HEADER_SECRET not in response.text
+        assert "Unknown tenant credential [redacted] for this organisation" in response.text, response.text
+    assert "upstream error 401" in caplog.text
+    assert HEADER_SECRET not in caplog.text
+
+
+def test_partial_echo_of_the_key_is_masked(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenAI shows a rejected key as its first and last characters; others cut it short. Neither part
+    reaches the client or the log."""
+    caplog.set_level(logging.INFO)
+    masked = f"{UPSTREAM_KEY[:8]}**********{UPSTREAM_KEY[-4:]}"
+    fake_upstream.enqueue(Reply(status=401, error_message=f"Incorrect API key provided: {masked}."))
+    first = _chat(proxy, "test-model")
+    fake_upstream.enqueue(Reply(status=401, error_message=f"bad key {UPSTREAM_KEY[:-5]}, try again"))
+    second = _chat(proxy, "test-model")
+    assert first.status_code == second.status_code == 401
+    assert UPSTREAM_KEY[:8] not in first.text and "Incorrect API key provided:" in first.text
+    assert UPSTREAM_KEY[:-5] not in second.text and "try again" in second.text
+    for fragment in (UPSTREAM_KEY[:8], UPSTREAM_KEY[:-5]):
+        assert fragment not in caplog.text
+
+
+def test_partial_echo_of_an_unshaped_credential_is_masked() -> None:
+    """Partial echoes are found by the known values, not by a key's shape; words are left alone."""
+    from proxy.upstream import redact_upstream_message
+
+    secret = "Zq7Lp2Vx9Kd4Wm8Rt3Yb"
+    shown = redact_upstream_message(f"credential {secret[:8]}******{secret[-3:]} rejected", [secret])
+    assert secret[:8] not in shown and shown.startswith("credential [redacted]") and shown.endswith(" rejected")
+    # Lowercase words that happen to be inside a credential are ordinary text, not an echo.
+    readable = "stream-upstream-secret-991"
+    assert redact_upstream_message("stream_options: not supported upstream", [readable]) == (
+        "stream_options: not supported upstream"
+    )
+
+
+@pytest.fixture
+def environment_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from proxy.redaction import environment_credentials
+
+    monkeypatch.setenv(ENV_NAME, ENV_KEY)
+    environment_credentials.cache_clear()  # read once per process; this test changes the environment
+    yield ENV_KEY
+    monkeypatch.undo()
+    environment_credentials.cache_clear()
+
+
+def test_environment_keys_are_masked(environment_key: str) -> None:
+    """A deployment without api_key uses a key LiteLLM reads from the environment: echoed whole or in part,
+    it is masked though the call never named it."""
+    from proxy.redaction import environment_credentials
+    from proxy.upstream import redact_upstream_message
+
+    assert environment_key in environment_credentials()
+    assert redact_upstream_message(f"invalid x-api-key: {environment_key}") == "invalid x-api-key: [redacted]"
+    partial = redact_upstream_message(f"key {environment_key[:12]}... is not valid")
+    assert environment_key[:12] not in partial and partial.endswith("... is not valid")
+
+
+def test_translate_exception_masks_environment_keys(environment_key: str) -> None:
+    """Through the boundary's own entry point, with LiteLLM's real exception class."""
+    litellm = load_litellm()
+    exc = litellm.AuthenticationError(
+        message=f"AnthropicException - invalid x-api-key {environment_key}", llm_provider="anthropic", model="m"
+    )
+    error = translate_exception(exc)
+    assert error.status == 401
+    assert environment_key not in error.message and "invalid x-api-key [redacted]" in error.message
+
+
+def test_key_shapes_are_masked_in_upstream_errors(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """A key the proxy never knew (another tenant's, a provider's example) is masked by its shape."""
+    foreign = "sk-proj-" + "Ab3" * 16
+    fake_upstream.enqueue(Reply(status=400, error_message=f"Organization key {foreign} is not allowed here"))
+    response = _chat(proxy, "test-model")
+    assert response.status_code == 400 and foreign not in response.text
+    assert "is not allowed here" in response.text
+
+
+# --- 2. the secret rule set --------------------------------------------------------------------------------
+
+STRIPE_LONG = "sk_live_" + "51H8abcDEFghiJKLmnoPQRstu" * 4  # current keys are far longer than 24 characters
+FORMATS = {
+    "google api key": ("AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW", "AIzaSy"),
+    "stripe secret key": (STRIPE_LONG, "H8abc"),
+    "stripe restricted key": ("rk_live_" + "4eC39HqLyjWDarjtT1zdp7dc" * 2, "rk_live_4eC"),
+    "npm token": ("npm_" + "a1B2c3D4e5F6g7H8i9J0" * 2 + "kLmN", "npm_a1B2"),
+    "gitlab personal access token": ("glpat-" + "xY7_zA9-bC3dE5fG1hJ2", "glpat-xY7"),
+    "hugging face token": ("hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh", "hf_AbCd"),
+    "sendgrid key": ("SG." + "a" * 5 + "B" * 17 + "." + "c1D2e3" * 7 + "f", "SG.aaaaa"),
+    # Formats the old hand list lacked either, from detect-secrets' plugins.
+    "twilio key": ("SK" + "0123456789abcdef" * 2, "SK0123"),
+    "slack webhook": ("https://hooks.slack.com/services/T0123ABCD/B0123ABCD/XyZ0123456789abcdefABCD", "XyZ0123"),
+    "telegram bot token": ("123456789:AAH" + "x" * 32, "AAHxxx"),
+}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_common_secret_formats_are_redacted(name: str) -> None:
+    secret, fragment = FORMATS[name]
+    shown = redact_secrets(f"config: use {secret} here\n")
+    assert fragment not in shown and secret not in shown, shown
+    assert shown == "config: use [REDACTED] here\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("the password is hunter2", "the password is [REDACTED]"),
+        ("My password is hunter2.", "My password is [REDACTED]."),
+        ("my password: Tr0ub4dor&3", "my password: [REDACTED]"),
+        ("the API key was abc123xyz, keep it safe", "the API key was [REDACTED], keep it safe"),
+        ("our access token is now 'tok 77 secret'", "our access token is now '[REDACTED]'"),
+        # Ordinary sentences about secrets keep their words.
+        ("the token is invalid", "the token is invalid"),
+        ("your password is too short", "your password is too short"),
+        ("Incorrect API key provided", "Incorrect API key provided"),
+        ("max_tokens is 4096", "max_tokens is 4096"),
+    ],
+)
+def test_secrets_in_prose_are_redacted(raw: str, expected: str) -> None:
+    assert redact_secrets(raw) == expected
+
+
+def test_redaction_keeps_key_names_hosts_and_schemes() -> None:
+    text = f"STRIPE_KEY={STRIPE_LONG} db=postgres://app:pw123@db.internal:5432/x"
+    assert redact_secrets(text) == "STRIPE_KEY=[REDACTED] db=postgres://[REDACTED]@db.internal:5432/x"
+
+
+def test_rule_set_is_loaded_on_first_use_only() -> None:
+    """detect-secrets (~0.1 s to import) loads when a text is first redacted, not when the proxy starts."""
+    code = (
+        "import sys, proxy.app, proxy.cli, proxy.engine.explore, proxy.engine.render, proxy.upstream\n"
+        "assert 'detect_secrets' not in sys.modules\n"
+        "from proxy.engine.explore import redact_secrets\n"
+        "assert redact_secrets('npm_' + 'a' * 36) == '[REDACTED]'\n"
+        "assert 'detect_secrets' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+MB = 1 << 20
+# Inputs that make a backtracking pattern scan to the end of the text from each of many starting points: a
+# quadratic rule needs minutes on each of these (the old JWT rule: ~200 s on "eyJ-" repeated), a linear one
+# well under a second. No clock is read: a regression shows as a test suite that does not finish.
+HOSTILE = {
+    "base64": lambda: __import__("base64").b64encode(os.urandom(3 * MB // 4)).decode(),
+    "jwt prefix with dashes": lambda: "eyJ-" * (MB // 4),
+    "jwt segments": lambda: "eyJaaaaaaaa." * (MB // 12),
+    "openai prefix": lambda: "sk-" * (MB // 3),
+    "stripe prefix": lambda: "sk_live_" * (MB // 8),
+    "google prefix": lambda: "AIza-" * (MB // 5),
+    "npm prefix": lambda: "npm_" * (MB // 4),
+    "hugging face prefix": lambda: "hf_" * (MB // 3),
+    "gitlab prefix": lambda: "glpat-" * (MB // 6),
+    "sendgrid prefix": lambda: "SG." * (MB // 3),
+    "slack digits": lambda: "xoxb-1-" * (MB // 7),
+    "artifactory run": lambda: " AKC" + "a" * MB,
+    "lowercase hex": lambda: "0123456789abcdef" * (MB // 16),
+    "digits and colons": lambda: "1234567890:" * (MB // 11),
+    "npmrc slashes": lambda: "//" * (MB // 2),
+    "url credentials": lambda: "a://b:" * (MB // 6),
+    "bearer": lambda: "Bearer " * (MB // 7),
+    "key block openings": lambda: "-----BEGIN PRIVATE KEY-----" * (MB // 27),
+    "key block tail": lambda: "A " * (MB // 2),
+    "prose": lambda: "the password is " * (MB // 16),
+    "assignment spaces": lambda: "password" + " " * MB + "x",
+    "assignment names": lambda: "api_key-" * (MB // 8),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_redaction_is_linear_on_hostile_input(name: str) -> None:
+    text = HOSTILE[name]()
+    assert isinstance(redact_secrets(text), str)
+
+
+# --- 3. logging ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """Undo ``configure_logging``: pytest's own handlers and levels are restored after the test."""
+    from proxy.logs import CONTENT_FREE_LEVELS
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in CONTENT_FREE_LEVELS})
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        for name, level in saved[2].items():
+            logging.getLogger(name).setLevel(level)
+
+
+def test_library_loggers_never_log_content_at_debug(root_logging: None) -> None:
+    """At ``debug`` the proxy's own loggers are verbose; aiosqlite (SQL parameters), the OpenAI SDK (request
+    bodies) and httpx (URLs) are not, even when something re-levels them afterwards (``OPENAI_LOG=debug``)."""
+    from proxy.logs import configure_logging
+
+    configure_logging("debug")
+    assert logging.getLogger("lcm_proxy.engine").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("openai._base_client").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    ours = [h for h in logging.getLogger().handlers if getattr(h, "lcm_proxy", False)]
+    assert len(ours) == 1
+    logging.getLogger("openai").setLevel(logging.DEBUG)  # what the SDK does at import with OPENAI_LOG=debug
+    record = logging.LogRecord("openai._base_client", logging.DEBUG, __file__, 1, "Request options: %s", (), None)
+    assert not ours[0].filter(record)
+    record = logging.LogRecord("lcm_proxy.engine", logging.DEBUG, __file__, 1, "compaction of %s", ("c1",), None)
+    assert ours[0].filter(record)
+
+
+def test_log_lines_mask_configured_credentials_even_in_tracebacks(root_logging: None) -> None:
+    """A traceback of an upstream failure carries the provider's raw text in its exception chain."""
+    from proxy.logs import RedactingFormatter
+
+    formatter = RedactingFormatter(credentials=[HEADER_SECRET])
+    try:
+        try:
+            raise RuntimeError(f"litellm.AuthenticationError: rejected {HEADER_SECRET[:12]}*** and {HEADER_SECRET}")
+        except RuntimeError as inner:
+            raise ValueError("summarizer failed") from inner
+    except ValueError:
+        record = logging.LogRecord("lcm_proxy", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = formatter.format(record)
+    assert "summarizer failed" in line and "rejected [redacted]***" in line
+    assert HEADER_SECRET[:12] not in line
+
+
+CONTENT = "content-marker-7Qf2 the vault combination is 31-41-59"
+PASTED = "pasted-secret-P9x4Lm2Kq8"
+
+
+def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upstream_url: str, tmp_path: Path) -> None:
+    """``lcm-proxy serve`` at ``log_level: debug``: requests are logged, their content is not, nor the
+    upstream key (sent in a header the SDK would log)."""
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: test-model\n"
+        f"    litellm_params: {{model: openai/fake-model, api_base: '{upstream_url}/v1', api_key: os.environ/UP_KEY,"
+        f" extra_headers: {{X-Upstream-Token: {HEADER_SECRET}}}}}\n"
+        "general_settings:\n"
+        f"  host: 127.0.0.1\n  port: 0\n  data_dir: '{tmp_path / 'data'}'\n"
+        "  log_level: debug\n  access_log: true\n  request_timeout: 10\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "LCM_"))}
+    env.update(UP_KEY=UPSTREAM_KEY, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    started = threading.Event()
+    port: list[int] = []
+
+    def drain() -> None:  # read everything the server prints; note when it listens, and on which port
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                port.append(int(found.group(1)))
+                started.set()
+        started.set()  # the process ended (or failed to start)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(120) and port, "".join(lines)
+        url = f"http://127.0.0.1:{port[0]}/v1/chat/completions"
+        messages = [{"role": "user", "content": f"{CONTENT}; my token: {PASTED}"}]
+        for stream in (False, True):
+            body = {"model": "test-model", "messages": messages, "stream": stream}
+            response = httpx.post(url, json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            assert "content-marker-7Qf2" in response.text  # the fake upstream echoes it: the content went through
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        reader.join(timeout=30)
+    printed = "".join(lines)
+    for content in ("content-marker-7Qf2", "vault combination", PASTED, UPSTREAM_KEY, HEADER_SECRET):
+        assert content not in printed, (content, printed[-3000:])
+    assert "POST /v1/chat/completions" in printed, printed  # the requests were logged,
+    assert "DEBUG lcm_proxy.upstream: upstream call: model openai/fake-model, 1 messages" in printed  # at debug
