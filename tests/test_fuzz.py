@@ -1,6 +1,7 @@
 """Fuzz: 1,900 generated requests, mostly malformed, never get a 5xx, never lose an acknowledged message and
 leave the database intact (the proxy fixture runs doctor, integrity_check included, after every test); JSON
-nested 300 to 1000 levels deep anywhere in a request is a 400 naming the field that holds it."""
+nested 300 to 1000 levels deep anywhere in a request is a 400 naming the field that holds it; 150 generated
+hostile regular expressions (compile bombs, catastrophic backtracking) get a 200 or a 400 naming `pattern`."""
 
 from __future__ import annotations
 
@@ -322,3 +323,47 @@ def test_fuzzed_deep_nesting_is_a_400_naming_the_parameter(proxy: RunningProxy, 
 
         check()
     assert fake_upstream.requests == []
+
+
+# --- hostile regular expressions -----------------------------------------------------------------------------
+
+atoms = st.sampled_from(["a", "aa", ".", r"\w", "[a-z]", r"\d", "(?:a|aa)", "(a|a?)", "[^b]", r"\s*"])
+counts = st.one_of(
+    st.integers(0, 2000).map(lambda n: f"{{{n}}}"),
+    st.integers(0, 10**12).map(lambda n: f"{{{n}}}"),
+    st.tuples(st.integers(0, 5000), st.integers(0, 5000)).map(lambda mn: f"{{{min(mn)},{max(mn)}}}"),
+    st.sampled_from(["*", "+", "?", "*?", "++", "{e<=2}", "{,1000000}"]),
+)
+
+
+@st.composite
+def hostile_patterns(draw: st.DrawFn) -> str:
+    """Repeats nested in repeats, alternations that backtrack, counts up to 10^12: compile bombs and
+    catastrophic matches, as a prompt-injected model or an admin caller might write them."""
+    pattern = draw(atoms) + draw(counts)
+    for _ in range(draw(st.integers(0, 4))):
+        pattern = f"({pattern}{draw(st.sampled_from(['', '|' + draw(atoms)]))}){draw(counts)}"
+    return pattern + draw(st.sampled_from(["", "$", "b", "(?R)?"]))
+
+
+def test_fuzzed_hostile_patterns_never_5xx_nor_stall(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """Every generated pattern gets an answer (200 with matches or none, or a 400 naming ``pattern``) within
+    the grep deadline's reach, and the process stays up: a compile bomb used to take 15 GB."""
+    text = {"role": "user", "content": "a" * 40 + "b " + "aaaa " * 200}
+    body = {"model": "test-model", "messages": [text, {"role": "assistant", "content": "ok"}, text]}
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        conversation = client.post("/v1/chat/completions", json=body).headers["x-lcm-conversation-id"]
+        statuses: dict[int, int] = {}
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(pattern=hostile_patterns())
+        def check(pattern: str) -> None:
+            response = client.get(f"/lcm/conversations/{conversation}/grep", params={"pattern": pattern})
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert response.status_code in (200, 400), response.text
+            if response.status_code == 400:
+                assert response.json()["error"]["param"] == "pattern", response.text
+
+        check()
+        assert client.get("/healthz").status_code == 200
+    assert statuses.get(400, 0) > 0 and statuses.get(200, 0) > 0, statuses

@@ -342,11 +342,13 @@ class RecallTools:
         def match(text: str) -> tuple[int, int] | None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RecallError(f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope")
+                raise RecallError(
+                    f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope", param="pattern"
+                )
             try:
                 return patterns.search(compiled, text, min(REGEX_TIMEOUT, remaining))
             except TimeoutError:
-                raise RecallError("the regular expression is too expensive; simplify it") from None
+                raise RecallError("the regular expression is too expensive; simplify it", param="pattern") from None
 
         hits: list[str] = []
         for _kind, label, text in candidates:
