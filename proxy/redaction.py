@@ -38,7 +38,7 @@ Rule = Callable[[str], str]
 # * CloudantDetector, IbmCloudIamDetector, IbmCosHmacDetector, SoftlayerDetector: "name = value" assignment
 #   patterns whose " *", " +", " *" backtrack quadratically on runs of spaces; the assignment rule below
 #   covers every secret-sounding name.
-# * PrivateKeyDetector matches the BEGIN line only; the block rule below masks the whole key.
+# * PrivateKeyDetector matches the BEGIN line only; the block rules below mask the whole key (PEM, PGP, PuTTY).
 # * IPPublicDetector: an IP address is no credential, and summaries need them. KeywordDetector and the
 #   high-entropy plugins are not regex plugins (and flag hashes and ids, which summaries need).
 DETECT_SECRETS_PLUGINS = (
@@ -160,7 +160,9 @@ _NOT_A_SECRET = (
     "strong|long|short|what|why|how|where|when|which|who|your|my|our|their|his|her|its"
 )
 _PROSE = re.compile(
-    rf"\b((?:{_PROSE_NAME})\s+(?:is|was|are|were)(?:\s+(?:now|set\s+to))?:?\s+)"
+    # "the password is X", "the password for the prod database is X" (up to five words between), "password's X"
+    rf"\b((?:{_PROSE_NAME})(?:\s+(?:for|of|to|on)(?:\s+[\w.-]+){{1,5}}?)?(?:'s|\s+(?:is|was|are|were))"
+    rf"(?:\s+(?:now|set\s+to))?:?\s+)"
     rf"(?!(?:{_NOT_A_SECRET})\b|\[)(\"[^\"\n]{{1,200}}\"|'[^'\n]{{1,200}}'|[^\s'\"]*[^\s'\".,;:!?)\]])",
     re.I,
 )
@@ -180,11 +182,20 @@ def _redact_prose(match: re.Match[str]) -> str:
 
 def _leading_rules() -> list[Rule]:
     return [
-        # A key block cut off by an excerpt or the cap has no END line: redact to the end of the text.
-        _sub(re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY-----|.*)", re.S)),
+        # A key block cut off by an excerpt or the cap has no END line: redact to the end of the text. PEM
+        # ("-----BEGIN RSA PRIVATE KEY-----") and PGP ("-----BEGIN PGP PRIVATE KEY BLOCK-----") blocks.
+        _sub(
+            re.compile(
+                r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+                r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*)",
+                re.S,
+            )
+        ),
         # A tail excerpt may start inside a key block. The lookbehind anchors the match at the start of a run,
         # which keeps this linear on long base64 runs.
-        _sub(r"(?<![A-Za-z0-9+/=\s])[A-Za-z0-9+/=\s]{16,}-----END[A-Z0-9 ]*PRIVATE KEY-----"),
+        _sub(r"(?<![A-Za-z0-9+/=\s])[A-Za-z0-9+/=\s]{16,}-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"),
+        # PuTTY private keys: everything from the header on is the key (its lines carry no END marker).
+        _sub(re.compile(r"PuTTY-User-Key-File-\d+:.*", re.S)),
     ]
 
 
@@ -214,7 +225,8 @@ def _own_token_rules() -> list[Rule]:
 def _trailing_rules() -> list[Rule]:
     return [
         _sub(re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.I), rf"\1 {MARKER}"),
-        _sub(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,30}://)[^\s/@:]+:[^\s/]*@", rf"\1{MARKER}@"),  # keep scheme and host
+        # user:password@ (or :password@, as redis://:pw@host has it); keep scheme and host
+        _sub(r"\b([a-zA-Z][a-zA-Z0-9+.-]{0,30}://)[^\s/@:]*:[^\s/@]*@", rf"\1{MARKER}@"),
         _prose,
         _assignments,  # keeps the key name, and the quotes of a quoted value
     ]

@@ -232,3 +232,31 @@ def test_an_issued_id_always_names_its_conversation(
     assert post(proxy, longer, **header).headers["x-lcm-conversation-id"] == fork
     listed = httpx.get(f"{proxy.url}/lcm/conversations", timeout=30).json()["data"]
     assert sorted(c["id"] for c in listed) == sorted({alice.conversation, other, fork})
+
+
+def test_the_same_document_under_another_name_shows_none_of_the_first_upload(
+    proxy_factory: Any, fake_upstream: FakeUpstream
+) -> None:
+    # Stored bytes are shared within a tenant, but a file's name and exploration summary belong to the upload:
+    # Bob's copy of the same rows must not show him the name Alice gave them.
+    proxy = proxy_factory(LCM)
+    model = ToolModel()
+    fake_upstream.responder = model
+    document = "".join(f"row {i}: quarterly figures line {i} cabinet\n" for i in range(40))
+    alice_name = "alice_smith_test_results.txt"
+    post(proxy, [{"role": "user", "content": f'<file name="{alice_name}">{document}</file>'}])
+    model.plan = [("lcm_grep", {"pattern": "cabinet", "scope": "files"})]
+    before = len(fake_upstream.requests)
+    bob = [
+        {"role": "user", "content": "Bob here, my notes:"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": f'<file name="bob_notes.txt">{document}</file>'},
+    ]
+    bob_id = post(proxy, bob).headers["x-lcm-conversation-id"]
+    shown = [*model.results.values(), *(json.dumps(r.body) for r in fake_upstream.requests[before:])]
+    assert "bob_notes.txt" in "\n".join(model.results.values())  # the grep found Bob's own file ...
+    assert alice_name not in "\n".join(shown)  # ... under his name, and nothing forwarded names hers
+    messages = httpx.get(f"{proxy.url}/lcm/conversations/{bob_id}/messages", timeout=30).json()["data"]
+    (file_id,) = {f for m in messages for f in m["files"]}
+    record = httpx.get(f"{proxy.url}/lcm/files/{file_id}", timeout=30).json()
+    assert (record["name"], record["conversation_id"]) == ("bob_notes.txt", bob_id)

@@ -377,3 +377,23 @@ def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upst
         assert content not in printed, (content, printed[-3000:])
     assert "POST /v1/chat/completions" in printed, printed  # the requests were logged,
     assert "DEBUG lcm_proxy.upstream: upstream call: model openai/fake-model, 1 messages" in printed  # at debug
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBFzq8Ab3xQ7vPGPSECRET\n-----END PGP PRIVATE KEY BLOCK-----", "PGPSECRET"),
+        ("PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nPrivate-Lines: 1\nAAAAPUTTYSECRET", "PUTTYSECRET"),
+        ("cache at redis://:hunter2pw@cache.local:6379/0", "hunter2pw"),
+        ("The password for the prod database is Tr0ub4dor&3.", "Tr0ub4dor&3"),
+        ("the password's Tr0ub4dor3", "Tr0ub4dor3"),
+    ],
+    ids=["pgp-block", "putty", "url-empty-user", "prose-for", "prose-apostrophe"],
+)
+def test_formats_a_review_found_are_redacted(text: str, secret: str) -> None:
+    assert secret not in redact_secrets(text)
+
+
+def test_prose_about_passwords_without_a_value_is_kept() -> None:
+    for text in ("the password for it is invalid", "Our password policy for users is strict."):
+        assert redact_secrets(text) == text

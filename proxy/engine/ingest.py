@@ -12,8 +12,11 @@ the stored conversation it belongs to and p the length of their common prefix:
 
 S is the conversation named by ``X-LCM-Conversation-Id`` when the client sends one, otherwise the
 tenant's conversation with the longest stored prefix of T (ties: the one whose end T reaches, then the
-most recently active). The decision is taken again inside the write transaction, so concurrent requests
-for one conversation (from any process) neither duplicate nor lose a message.
+most recently active). A key the client chose follows its forks; an id the proxy issued keeps naming its
+conversation, and when T diverges from it, S is the longest-prefix match among that conversation's own
+forks (a client that keeps echoing the id continues the fork its edit made). A fork records its parent
+only when the two share at least one message. The decision is taken again inside the write transaction,
+so concurrent requests for one conversation (from any process) neither duplicate nor lose a message.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ later messages belong to someone else: an app serving many end users through one
 them. Never another tenant's.
 
 Tools answer with plain text (the model reads it); bad arguments produce an error *message*, not an
-exception, so a confused model can correct itself. Patterns are checked before they are compiled and run in
-a worker thread with a deadline (``proxy.engine.patterns``): neither ``a{1000000000}`` nor ``(a|aa)+$`` may
-freeze the proxy.
+exception, so a confused model can correct itself. Regular expressions run on RE2 (``proxy.engine.patterns``),
+in a worker thread with a deadline per call: neither ``a{1000000000}`` nor ``(a|aa)+$`` may freeze the proxy.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ log = logging.getLogger("lcm_proxy.recall")
 
 RECALL_TOOL_NAMES = ("lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query")
 MAX_PATTERN = patterns.MAX_PATTERN_CHARS
-REGEX_TIMEOUT = 0.5  # seconds per searched text
 GREP_DEADLINE = 3.0  # seconds of searching per lcm_grep call
 UNBOUNDED = 2**62
 MAX_FILE_SCAN = 4 << 20
@@ -278,7 +276,6 @@ class RecallTools:
         compiled = None
         if mode == "regex":
             try:
-                # Compiling is bounded by the check, but still done off the event loop.
                 compiled = await asyncio.to_thread(patterns.compile_pattern, pattern)
             except patterns.UnsafePattern as error:
                 raise RecallError(str(error), param="pattern") from None
@@ -339,16 +336,15 @@ class RecallTools:
     ) -> list[str]:
         deadline = time.monotonic() + GREP_DEADLINE
 
-        def match(text: str) -> tuple[int, int] | None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        def in_time() -> None:
+            if time.monotonic() > deadline:
                 raise RecallError(
                     f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope", param="pattern"
                 )
-            try:
-                return patterns.search(compiled, text, min(REGEX_TIMEOUT, remaining))
-            except TimeoutError:
-                raise RecallError("the regular expression is too expensive; simplify it", param="pattern") from None
+
+        def match(text: str) -> tuple[int, int] | None:
+            in_time()
+            return patterns.search(compiled, text)
 
         hits: list[str] = []
         for _kind, label, text in candidates:
@@ -360,6 +356,7 @@ class RecallTools:
         for record in file_records:
             if len(hits) >= limit:
                 break
+            in_time()  # full-text mode reads every file in scope: the deadline holds there too
             text = self._read(record)[:MAX_FILE_SCAN].decode("utf-8", "replace")
             span = match(text) if compiled is not None else _word_span(text, pattern)
             if span is not None:

@@ -28,6 +28,7 @@ AUTH_STATUSES = frozenset({401, 403})
 BREAKER_SECONDS = 300.0
 TRUNCATION_MARKER = "[Truncated for context management]"
 
+
 class Summarizer(Protocol):
     model: str
 
