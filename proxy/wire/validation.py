@@ -98,6 +98,23 @@ def _path_to(node: _Node) -> list[str | int]:
 def _depth(body: dict[str, Any]) -> None:
     """Refuse a body nested more than ``MAX_DEPTH`` levels, before anything recursive looks at it.
 
+    Every request pays for this walk, so the common case is a plain breadth-first pass, one level at a time,
+    that keeps nothing per value; only a body that is too deep is walked again to name the field."""
+    level: list[Any] = [body]
+    for _ in range(MAX_DEPTH):
+        deeper: list[Any] = []
+        for value in level:
+            children = value.values() if type(value) is dict else value
+            deeper += [c for c in children if type(c) is dict or type(c) is list]
+        if not deeper:
+            return
+        level = deeper
+    _name_the_deep_field(body)
+
+
+def _name_the_deep_field(body: dict[str, Any]) -> None:
+    """Raise the 400 for a body known to be too deep, naming the field that holds the first deep value.
+
     Iterative, and linear in the number of values: each container is visited once and keeps only a link
     to its parent, so a path is spelt out for the one value that fails, not for the thousands that pass."""
     stack: list[_Node] = [(body, 1, None, "")]
