@@ -520,11 +520,11 @@ class _DeferredExplorations:
     def __init__(self, interceptor: Interceptor) -> None:
         self.interceptor = interceptor
         self.wanted: dict[str, Payload] = {}
-        nonce = secrets.token_hex(16)
-        self._prefix = f"\x00lcm-exploration:{nonce}:"
-        self._marker = re.compile(re.escape(self._prefix) + "(file_[0-9a-f]+)\x00")
+        self._prefix = ""  # made on the first payload: most messages have none, and every request prepares many
 
     async def _mark(self, payload: Payload) -> str:
+        if not self._prefix:
+            self._prefix = f"\x00lcm-exploration:{secrets.token_hex(16)}:"
         self.wanted.setdefault(payload.file_id, payload)
         return f"{self._prefix}{payload.file_id}\x00"
 
@@ -536,12 +536,13 @@ class _DeferredExplorations:
     def fill(self, interception: Interception, summaries: dict[str, str]) -> None:
         if not self.wanted:
             return
+        marker = re.compile(re.escape(self._prefix) + "(file_[0-9a-f]+)\x00")
 
         def summary(match: re.Match[str]) -> str:
             return summaries[match.group(1)].strip()  # as stub_text would have placed it
 
         for patches in (interception.forward_patches, interception.compact_patches):
-            patches[:] = [(path, self._marker.sub(summary, value)) for path, value in patches]
+            patches[:] = [(path, marker.sub(summary, value)) for path, value in patches]
 
 
 def searchable_text(message: Message, interception: Interception) -> str:
