@@ -82,6 +82,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "log_level": settings.log_level,
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 10,
+        # uvicorn's own loggers propagate to the handler configured above instead of handlers of their own:
+        # one format, credentials masked and query strings cut in their lines too.
+        "log_config": None,
     }
     log.info("lcm-proxy %s listening on http://%s:%s (config %s)", __version__, host, port, args.config)
     if args.workers > 1:

@@ -51,11 +51,18 @@ def _content_free_level(name: str) -> int | None:
 
 
 class ContentFilter(logging.Filter):
-    """Drops records of the libraries above that are more verbose than their content-free level."""
+    """Drops records of the libraries above that are more verbose than their content-free level, and cuts
+    the query string from uvicorn's access lines (an admin grep's ``?pattern=`` is a query over messages)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         floor = _content_free_level(record.name)
-        return floor is None or record.levelno >= floor
+        if floor is not None and record.levelno < floor:
+            return False
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) >= 3:
+            path = record.args[2]
+            if isinstance(path, str) and "?" in path:
+                record.args = (*record.args[:2], path.split("?", 1)[0] + "?…", *record.args[3:])
+        return True
 
 
 class RedactingFormatter(logging.Formatter):

@@ -368,6 +368,9 @@ def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upst
             response = httpx.post(url, json=body, timeout=30)
             assert response.status_code == 200, response.text
             assert "content-marker-7Qf2" in response.text  # the fake upstream echoes it: the content went through
+        conversation = response.headers["x-lcm-conversation-id"]
+        grep = f"http://127.0.0.1:{port[0]}/lcm/conversations/{conversation}/grep"
+        assert httpx.get(grep, params={"pattern": "vault combination"}, timeout=30).status_code == 200
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -376,6 +379,7 @@ def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upst
     for content in ("content-marker-7Qf2", "vault combination", PASTED, UPSTREAM_KEY, HEADER_SECRET):
         assert content not in printed, (content, printed[-3000:])
     assert "POST /v1/chat/completions" in printed, printed  # the requests were logged,
+    assert f"GET /lcm/conversations/{conversation}/grep?…" in printed  # the grep too, without its pattern
     assert "DEBUG lcm_proxy.upstream: upstream call: model openai/fake-model, 1 messages" in printed  # at debug
 
 
