@@ -136,13 +136,19 @@ _ASSIGNMENT = re.compile(
 _ASSIGNMENT_HINT = re.compile(r"key|secret|token|passw|authorization|credential", re.I)
 
 
-def _assignments(text: str) -> str:
-    return _ASSIGNMENT.sub(_redact_assignment, text) if _ASSIGNMENT_HINT.search(text) else text
-
-
-def _redact_assignment(match: re.Match[str]) -> str:
+def _mask_value(match: re.Match[str]) -> str:
+    """Group 1 (the name and its verb or sign) kept; group 2 (the value) masked, keeping its quotes."""
     quote = match.group(2)[0] if match.group(2)[0] in "\"'" else ""
     return f"{match.group(1)}{quote}{MARKER}{quote}"
+
+
+def _hinted(pattern: re.Pattern[str], hint: re.Pattern[str]) -> Rule:
+    """``pattern``'s values masked, on texts where the cheap ``hint`` finds a name it needs at all."""
+
+    def apply(text: str) -> str:
+        return pattern.sub(_mask_value, text) if hint.search(text) else text
+
+    return apply
 
 
 # Prose: "the password is hunter2", "my API key was X", "the access token is now X". The word after the verb
@@ -169,15 +175,8 @@ _PROSE = re.compile(
 
 
 _PROSE_HINT = re.compile(r"pass|key|secret|credential|token", re.I)
-
-
-def _prose(text: str) -> str:
-    return _PROSE.sub(_redact_prose, text) if _PROSE_HINT.search(text) else text
-
-
-def _redact_prose(match: re.Match[str]) -> str:
-    quote = match.group(2)[0] if match.group(2)[0] in "\"'" else ""
-    return f"{match.group(1)}{quote}{MARKER}{quote}"
+_assignments = _hinted(_ASSIGNMENT, _ASSIGNMENT_HINT)
+_prose = _hinted(_PROSE, _PROSE_HINT)
 
 
 def _leading_rules() -> list[Rule]:
