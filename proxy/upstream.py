@@ -230,8 +230,12 @@ def translate_exception(
     has_response = getattr(exc, "response", None) is not None and getattr(exc, "body", None) is not None
     if not has_response and _is_connection_failure(exc):
         return UpstreamConnectionError("Could not connect to the upstream provider.")
-    message, kind, code, param = _upstream_fields(exc)
-    message = redact_upstream_message(message, credentials)
+    # Every field the provider wrote reaches the client: each is redacted, not only the message.
+    message, kind, code, param = (
+        redact_upstream_message(field, credentials) if field is not None else None
+        for field in _upstream_fields(exc)
+    )
+    message = message or "The upstream provider reported an error."
     if isinstance(status, int) and 400 <= status < 600:
         return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
     return UpstreamError(f"Upstream call failed: {message}", status=502)
@@ -372,8 +376,8 @@ def _raise_stream_error(error: Any, credentials: Iterable[str] = ()) -> None:
             str(body.get("message") or "The upstream provider reported an error mid-stream."), credentials
         ),
         status=status,
-        type=str(body.get("type") or "upstream_error"),
-        code=code if isinstance(code, str) else None,
+        type=redact_upstream_message(str(body.get("type") or "upstream_error"), credentials),
+        code=redact_upstream_message(code, credentials) if isinstance(code, str) else None,
     )
 
 

@@ -167,6 +167,21 @@ def test_key_shapes_are_masked_in_upstream_errors(proxy: RunningProxy, fake_upst
     assert "is not allowed here" in response.text
 
 
+def test_every_field_of_an_upstream_error_is_redacted() -> None:
+    """A provider may echo a credential in ``code`` or ``param`` as well as in the message."""
+
+    class ProviderError(Exception):
+        status_code = 400
+
+    exc = ProviderError("rejected")
+    exc.body = {  # type: ignore[attr-defined]
+        "error": {"message": "rejected", "type": f"bad {UPSTREAM_KEY}", "code": UPSTREAM_KEY, "param": f"key={UPSTREAM_KEY}"}
+    }
+    error = translate_exception(exc, credentials=[UPSTREAM_KEY])
+    assert UPSTREAM_KEY not in json.dumps(error.to_json())
+    assert (error.status, error.message) == (400, "rejected")
+
+
 # --- 2. the secret rule set --------------------------------------------------------------------------------
 
 STRIPE_LONG = "sk_live_" + "51H8abcDEFghiJKLmnoPQRstu" * 4  # current keys are far longer than 24 characters
