@@ -241,7 +241,8 @@ def test_rule_set_is_loaded_on_first_use_only() -> None:
         "assert redact_secrets('npm_' + 'a' * 36) == '[REDACTED]'\n"
         "assert 'detect_secrets' in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 MB = 1 << 20
