@@ -22,6 +22,7 @@ so concurrent requests for one conversation (from any process) neither duplicate
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import secrets
 import time
@@ -220,18 +221,19 @@ class Ingestor:
                 # that re-send the same transcript, and of every multi-round tool loop).
                 conversation_id, action, appended, forked_from = guess.id, action_guess, 0, None
             else:
-                conversation_id, action, appended, forked_from = await self._write(
+                commit = functools.partial(
+                    self._commit,
                     tenant,
                     transcript,
                     chains,
                     conversation_key,
                     instructions_json,
                     prepared,
-                    prepare,
                     explorations,
                     model,
                     batch,
                 )
+                conversation_id, action, appended, forked_from = await self._write(commit, prepare)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -259,33 +261,14 @@ class Ingestor:
 
     async def _write(
         self,
-        tenant: str,
-        transcript: Messages,
-        chains: list[str],
-        conversation_key: str | None,
-        instructions_json: str | None,
-        prepared: dict[int, tuple[Interception, NewMessage]],
+        commit: Callable[[], Awaitable[tuple[str, Action, int, str | None]]],
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
-        explorations: dict[str, str],
-        model: str | None,
-        batch: FileBatch,
     ) -> tuple[str, Action, int, str | None]:
+        """Run ``commit`` (one write transaction) until it finds every message it needs prepared."""
         for _attempt in range(5):
             try:
                 # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
-                return await asyncio.shield(
-                    self._commit(
-                        tenant,
-                        transcript,
-                        chains,
-                        conversation_key,
-                        instructions_json,
-                        prepared,
-                        explorations,
-                        model,
-                        batch,
-                    )
-                )
+                return await asyncio.shield(commit())
             except _NeedsPreparation as missing:
                 # Another request moved the conversation meanwhile: prepare the extra messages outside the
                 # write lock (interception may call the summarizer), then decide again.
