@@ -1,14 +1,26 @@
-"""Run benchmarks: ``python -m bench`` (all) or ``python -m bench ingest``."""
+"""Run benchmarks: ``python -m bench`` (all) or ``python -m bench ingest``.
+
+Options after the names that this command does not know go to the benchmarks that take their own
+(``python -m bench fidelity --budget 1500``; ``python -m bench fidelity --help`` lists them).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import platform
+from collections.abc import Callable
 
-from bench import compaction, ingest, load, overhead
+from bench import compaction, fidelity, ingest, load, overhead
 
-BENCHMARKS = {"ingest": ingest.main, "compaction": compaction.main, "overhead": overhead.main, "load": load.main}
+BENCHMARKS: dict[str, Callable[..., None]] = {
+    "ingest": ingest.main,
+    "compaction": compaction.main,
+    "overhead": overhead.main,
+    "load": load.main,
+    "fidelity": fidelity.main,
+}
+OWN_OPTIONS = {"fidelity"}  # benchmarks whose main() also takes ``argv``: the options this parser leaves over
 
 
 def main() -> None:
@@ -17,13 +29,27 @@ def main() -> None:
         "names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)"
     )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()
+    names = args.names or list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)} (put a benchmark's own options after its name)")
+    takers = [name for name in names if name in OWN_OPTIONS]
+    if extra and not takers:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if "-h" in extra or "--help" in extra:
+        for name in takers:
+            BENCHMARKS[name](quick=args.quick, argv=extra)
+        return
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores,"
         f" Python {platform.python_version()}, {platform.system()}"
     )
-    for name in args.names or list(BENCHMARKS):
-        BENCHMARKS[name](quick=args.quick)
+    for name in names:
+        if name in OWN_OPTIONS:
+            BENCHMARKS[name](quick=args.quick, argv=extra)
+        else:
+            BENCHMARKS[name](quick=args.quick)
 
 
 if __name__ == "__main__":

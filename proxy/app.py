@@ -59,29 +59,52 @@ class AppState:
     engine: ContextEngine = field(init=False)
     recall: RecallTools = field(init=False)
     admin: AdminViews = field(init=False)
+    tool_callers: set[str] = field(default_factory=set)  # model aliases seen making structured tool calls
+
+    def window_of(self, target: ResolvedModel) -> tuple[int, str]:
+        """The model's input window and where it came from: model_info, else LiteLLM's map, else the default."""
+        if target.max_input_tokens:
+            return target.max_input_tokens, "model_info.max_input_tokens"
+        known = self.upstream.context_window(target.upstream_model)
+        if known:
+            return known, "LiteLLM's model map; set model_info.max_input_tokens"
+        return self.config.lcm_settings.default_context_window, "lcm_settings.default_context_window"
+
+    def calls_tools(self, target: ResolvedModel) -> bool:
+        """Whether the model makes structured tool calls: model_info, else learned from its answers, else
+        LiteLLM's model map. Small local models mostly write tool calls as text: they get auto-recall instead."""
+        if target.supports_function_calling is not None:
+            return target.supports_function_calling
+        if target.alias in self.tool_callers:
+            return True
+        return bool(self.upstream.supports_function_calling(target.upstream_model))
+
+    def learn_tool_calls(self, target: ResolvedModel, message: Any) -> None:
+        """Remember a model that answered with a structured tool call (its map entry may not say so)."""
+        if isinstance(message, dict) and message.get("tool_calls"):
+            self.tool_callers.add(target.alias)
 
     def budget_for(self, target: ResolvedModel, body: dict[str, Any]) -> Budget:
-        """Window (model_info, else LiteLLM's map, else the default), output reserve and tool schemas."""
+        """Window, output reserve and tool schemas, each with the setting it came from."""
         lcm = self.config.lcm_settings
-        window = target.max_input_tokens or self.upstream.context_window(target.upstream_model)
-        window = window or lcm.default_context_window
+        window, window_source = self.window_of(target)
         # The default reserve never takes more than a quarter of the window: 4096 tokens on a 2k-4k local
         # model would leave nothing (or less than nothing) for the messages. A client's own max_tokens counts
         # in full: that is what the upstream will reserve.
-        reserve = (
-            body.get("max_completion_tokens") or body.get("max_tokens") or min(lcm.default_output_reserve, window // 4)
-        )
+        asked = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        reserve = body.get(asked) or min(lcm.default_output_reserve, window // 4)
+        reserve_source = asked if body.get(asked) else "lcm_settings.default_output_reserve"
         tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
-        if lcm.retrieval_tools != "off":
+        if lcm.retrieval_tools == "always" or (lcm.retrieval_tools == "auto" and self.calls_tools(target)):
             # Reserved even on requests that do not offer them yet: they appear on the first request with a
             # summary or a stub, and a budget that shrank at that moment could tip it over the window.
             tools += recall_tool_tokens()
-        return Budget(window, int(reserve), tools)
+        return Budget(window, int(reserve), tools, window_source, reserve_source)
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
         settings = self.config.lcm_settings
         target = self.router.resolve(settings.summary_model) if settings.summary_model else request_target
-        return UpstreamSummarizer(self.upstream, target, settings.summary_timeout)
+        return UpstreamSummarizer(self.upstream, target, settings.summary_timeout, self.window_of(target)[0])
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -42,6 +42,9 @@ class ModelInfo(BaseModel):
     max_input_tokens: int | None = Field(default=None, gt=0)
     max_output_tokens: int | None = Field(default=None, gt=0)
     max_tokens: int | None = Field(default=None, gt=0)
+    # Whether the model makes structured tool calls (LiteLLM's key). Unset: LiteLLM's model map, else learned
+    # from the model's answers; the recall tools are offered only to models that do.
+    supports_function_calling: bool | None = None
 
 
 class ModelDeployment(_Strict):
@@ -107,34 +110,46 @@ class GeneralSettings(_Strict):
 
 
 class LcmSettings(_Strict):
-    """Context-management knobs (DESIGN.md, "Compaction" and "Interception")."""
+    """Context-management knobs (DESIGN.md, "Compaction" and "Interception").
+
+    The size knobs left unset (None) scale with the model's window (``proxy.engine.budget.sizes``): a value
+    sized for a 128k model must not refuse a paste to a 2k one or write summaries larger than its window.
+    """
 
     enabled: bool = True
     context_threshold: float = Field(default=0.75, gt=0, le=1)
-    fresh_tail_count: int = Field(default=32, ge=1)
-    leaf_chunk_tokens: int = Field(default=20000, ge=100)
-    leaf_target_tokens: int = Field(default=1200, ge=50)
-    condensed_target_tokens: int = Field(default=2000, ge=50)
+    fresh_tail_count: int = Field(default=32, ge=1)  # a maximum: the tail also stays within a token share
+    leaf_chunk_tokens: int | None = Field(default=None, ge=100)
+    leaf_target_tokens: int | None = Field(default=None, ge=32)
+    condensed_target_tokens: int | None = Field(default=None, ge=32)
     leaf_min_fanout: int = Field(default=8, ge=2)
     condensed_min_fanout: int = Field(default=4, ge=2)
-    fallback_max_tokens: int = Field(default=512, ge=32)
-    large_file_token_threshold: int = Field(default=25000, ge=100)
-    tool_result_token_threshold: int = Field(default=2000, ge=50)
+    fallback_max_tokens: int | None = Field(default=None, ge=32)
+    large_file_token_threshold: int | None = Field(default=None, ge=100)
+    tool_result_token_threshold: int | None = Field(default=None, ge=50)
     summary_model: str | None = None
     summary_timeout: float = Field(default=120.0, gt=0)
+    # Seconds a request waits for an inline compaction; past it the request is answered from what fits and
+    # the compaction finishes in the background.
+    inline_compaction_seconds: float = Field(default=30.0, gt=0)
     # Context window for models whose size neither model_info nor LiteLLM's model map knows.
     default_context_window: int = Field(default=128000, ge=1024)
     # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
     default_output_reserve: int = Field(default=4096, ge=0)
     retrieval_tools: Literal["auto", "always", "off"] = "auto"
+    # Original excerpts found with the newest user message, placed right before it, when older material is
+    # outside the forwarded context (for models that do not call the recall tools, i.e. most small ones).
+    auto_recall: Literal["auto", "off"] = "auto"
+    auto_recall_tokens: int | None = Field(default=None, ge=32)
     max_tool_rounds: int = Field(default=6, ge=1, le=50)
-    max_sweep_iterations: int = Field(default=10, ge=1)
+    max_sweep_iterations: int = Field(default=24, ge=1)  # passes per sweep (each one summarizer call at most)
     sweep_deadline_seconds: float = Field(default=300.0, gt=0)
     max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> LcmSettings:
-        if self.tool_result_token_threshold > self.large_file_token_threshold:
+        small, large = self.tool_result_token_threshold, self.large_file_token_threshold
+        if small is not None and large is not None and small > large:
             raise ValueError("tool_result_token_threshold must not exceed large_file_token_threshold")
         return self
 

@@ -22,6 +22,7 @@ class ResolvedModel:
     litellm_params: dict[str, Any]  # with ``model`` made concrete (wildcards substituted)
     max_input_tokens: int | None  # from model_info, if configured
     max_output_tokens: int | None
+    supports_function_calling: bool | None = None
 
     @property
     def upstream_model(self) -> str:
@@ -74,4 +75,5 @@ class ModelRouter:
             litellm_params=params,
             max_input_tokens=info.max_input_tokens,
             max_output_tokens=info.max_output_tokens or info.max_tokens,
+            supports_function_calling=info.supports_function_calling,
         )

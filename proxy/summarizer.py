@@ -32,11 +32,12 @@ def clip_middle(text: str, limit: int = MAX_INPUT_CHARS) -> str:
 class UpstreamSummarizer:
     """Implements the engine's ``Summarizer`` and ``TextSummarizer`` with one model of the model list."""
 
-    def __init__(self, upstream: Upstream, target: ResolvedModel, timeout: float) -> None:
+    def __init__(self, upstream: Upstream, target: ResolvedModel, timeout: float, window: int | None = None) -> None:
         self.upstream = upstream
         self.target = target
         self.timeout = timeout
         self.model = target.alias
+        self.window = window  # the summary model's input window: the engine fits every call into it
 
     async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
         body = {
@@ -50,12 +51,20 @@ class UpstreamSummarizer:
         content = (choices[0].get("message") or {}).get("content")
         return content if isinstance(content, str) else ""
 
+    def _input_chars(self, max_tokens: int) -> int:
+        """Characters of a document one call may carry: the window less the answer and the prompt, at a
+        conservative 3 characters per token (the summary model's tokenizer is not ours)."""
+        if self.window is None:
+            return MAX_INPUT_CHARS
+        return max(2000, min(MAX_INPUT_CHARS, (self.window - max_tokens - 400) * 3))
+
     async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
+        document = clip_middle(text, self._input_chars(max_tokens))
         body = {
             "model": self.target.alias,
             "messages": [
                 {"role": "system", "content": EXPLORE_PROMPT},
-                {"role": "user", "content": f'<document name="{name}">\n{clip_middle(text)}\n</document>'},
+                {"role": "user", "content": f'<document name="{name}">\n{document}\n</document>'},
             ],
             "max_tokens": max_tokens,
             "temperature": 0,

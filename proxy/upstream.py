@@ -435,6 +435,7 @@ class Upstream:
         self._settings = settings
         self._litellm = load_litellm()
         self._windows: dict[str, int | None] = {}
+        self._tool_callers: dict[str, bool | None] = {}
 
     def context_window(self, model: str) -> int | None:
         """The input-token limit LiteLLM's (bundled, offline) model map knows for ``model``, if any."""
@@ -446,6 +447,16 @@ class Upstream:
             except Exception:  # unknown models raise
                 self._windows[model] = None
         return self._windows[model]
+
+    def supports_function_calling(self, model: str) -> bool | None:
+        """Whether LiteLLM's model map says ``model`` makes structured tool calls (None: it does not know)."""
+        if model not in self._tool_callers:
+            try:
+                known = self._litellm.get_model_info(model).get("supports_function_calling")
+                self._tool_callers[model] = bool(known) if known is not None else None
+            except Exception:  # unknown models raise
+                self._tool_callers[model] = None
+        return self._tool_callers[model]
 
     def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
         params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}

@@ -62,7 +62,7 @@ def make_config(
                     "api_base": f"{upstream_url}/v1",
                     "api_key": UPSTREAM_KEY,
                 },
-                "model_info": {"max_input_tokens": 100000},
+                "model_info": {"max_input_tokens": 100000, "supports_function_calling": True},
             },
             {
                 "model_name": "unreachable",

@@ -13,8 +13,14 @@ import httpx
 
 from tests.conftest import RunningProxy
 from tests.fakes import FakeUpstream
-from tests.sim_support import ScriptedModel, check_tool_pairing, forwarded_tokens, is_summary_request
-from tests.test_compaction_sim import start_sim_proxy
+from tests.sim_support import (
+    ScriptedModel,
+    check_tool_pairing,
+    forwarded_tokens,
+    is_summary_request,
+    without_recall,
+)
+from tests.test_compaction_sim import MAX_TOKENS, WINDOW, start_sim_proxy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,9 +102,12 @@ def test_summarizer_down_evicts_and_still_answers(
     check_tool_pairing(sent["messages"])
 
 
-def test_tail_too_large_is_context_length_exceeded(
+def test_a_large_tail_shrinks_and_only_the_newest_message_must_fit(
     proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
+    """The old rule refused a conversation whose protected tail (a message count) was larger than the budget,
+    although the newest question was short. Now the tail shrinks; only the newest user message and what
+    follows it must fit, and the refusal names the setting to change."""
     fake_upstream.responder = ScriptedModel()
     proxy = start_sim_proxy(proxy_factory, upstream_url)
     chunk = "word " * 2000  # each message under the huge-paste threshold, together over the window
@@ -110,10 +119,18 @@ def test_tail_too_large_is_context_length_exceeded(
         {"role": "user", "content": "ok?"},
     ]
     response = post(proxy, messages)
+    assert response.status_code == 200, response.text
+    sent = chat_requests(fake_upstream)[-1]
+    assert forwarded_tokens(sent) <= WINDOW - MAX_TOKENS
+    assert without_recall(sent["messages"][-1]) == messages[-1]
+
+    fake_upstream.requests.clear()
+    too_big = [*messages[:-1], {"role": "user", "content": chunk}]
+    response = post(proxy, too_big, max_tokens=7000)  # leaves 1,000 tokens; the newest message needs 2,000
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
-    assert "fresh tail" in error["message"]
+    assert "newest user message" in error["message"] and "max_tokens" in error["message"]
     assert chat_requests(fake_upstream) == []  # no doomed upstream call
 
 

@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.doctor import check_database
 from proxy.engine.ingest import export_conversation
-from proxy.engine.summarize import TRUNCATION_MARKER
+from proxy.engine.summarize import FALLBACK_MARKER
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
 from tests.conftest import UPSTREAM_KEY, RunningProxy
@@ -377,7 +377,7 @@ def is_summary(message: dict[str, Any]) -> bool:
 def assert_fallback(summary: dict[str, Any]) -> None:
     """What the design stores when the summary model fails: a bounded, marked deterministic truncation."""
     assert summary["escalation"] == 2 and summary["summarizer_model"] is None
-    assert summary["content"].endswith(TRUNCATION_MARKER)
+    assert summary["content"].endswith(FALLBACK_MARKER)
     assert summary["token_count"] <= LCM["fallback_max_tokens"]
     assert "LLM summary" not in summary["content"] and "And more." not in summary["content"]
 

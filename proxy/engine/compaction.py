@@ -18,19 +18,32 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import orjson
 
 from proxy.config import LcmSettings
-from proxy.engine import tokens
+from proxy.engine import budget, tokens
+from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
+from proxy.engine.facts import (
+    Fact,
+    extract_facts,
+    extractive_fallback,
+    parse_facts,
+    parse_transcript,
+    render_facts,
+    select_facts,
+    split_summary,
+)
 from proxy.engine.intercept import SEGMENTS_KEY, apply_patches
-from proxy.engine.render import render_message, render_summary, timestamp
+from proxy.engine.render import render_message, render_summaries, timestamp
 from proxy.engine.summarize import (
+    FALLBACK_MARKER,
     Guard,
     Summarizer,
     SummarizerUnavailable,
+    SummaryText,
     condensed_prompt,
     leaf_prompt,
     summarize,
@@ -42,12 +55,24 @@ from proxy.types import Message
 TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of a long run of tool results
 
 
-def tail_start(roles: Sequence[str], offset: int, count: int, fresh_tail_count: int) -> int:
-    """First seq of the fresh tail: the newest ``fresh_tail_count`` messages, moved back so that it never
-    starts on a tool result (its assistant tool call joins the tail). ``roles`` cover seqs from ``offset``."""
-    start = max(0, count - fresh_tail_count)
-    while start > offset and start - offset < len(roles) and roles[start - offset] in ("tool", "function"):
-        start -= 1
+def tail_start(roles: Sequence[str], costs: Sequence[int], offset: int, count: int, sizes: Sizes) -> int:
+    """First seq of the fresh tail: the newest messages, at most ``sizes.tail_count`` of them and at most
+    ``sizes.tail_tokens``, taken whole exchanges at a time (a tool result never starts the tail: its assistant
+    call joins it). The newest user message and everything after it always belong to the tail, whatever they
+    cost. ``roles`` and ``costs`` cover seqs ``[offset, count)``."""
+    newest_user = count - 1
+    while newest_user > offset and roles[newest_user - offset] != "user":
+        newest_user -= 1
+    start, total = count, 0
+    while start > offset:
+        first = start - 1
+        while first > offset and roles[first - offset] in ("tool", "function"):
+            first -= 1  # a whole exchange: the call and all of its results
+        cost = sum(costs[first - offset : start - offset])
+        required = start > newest_user  # the exchange holds the newest user message or follows it
+        if not required and (count - first > sizes.tail_count or total + cost > sizes.tail_tokens):
+            break
+        start, total = first, total + cost
     return start
 
 
@@ -137,6 +162,10 @@ class Compactor:
         self.settings = settings
         self.guard = guard
 
+    def default_sizes(self, summarizer: Summarizer | None = None) -> Sizes:
+        """Sizes when no request is at hand (the operator's ``compact``): a large model's."""
+        return budget.sizes(self.settings, DEFAULT_WINDOW_LIMIT, getattr(summarizer, "window", None))
+
     async def view(self, conversation: ConversationRecord, count: int) -> tuple[list[SummaryRecord], int]:
         """The summaries in the context of the first ``count`` messages, and the first raw seq after them."""
         q = self.store.read
@@ -158,12 +187,13 @@ class Compactor:
         self, conversation_id: str, summaries: Sequence[SummaryRecord], upto: int, stubbed_upto: int, count: int
     ) -> int:
         raw = await self.store.read.raw_token_sum(conversation_id, upto, count, stubbed_upto)
-        return sum(tokens.count_message(render_summary(s)) for s in summaries) + raw
+        return summary_tokens(summaries) + raw
 
-    async def tail_start(self, conversation_id: str, count: int) -> int:
-        offset = max(0, count - self.settings.fresh_tail_count - TAIL_LOOKBACK)
+    async def tail_start(self, conversation_id: str, count: int, stubbed_upto: int, sizes: Sizes) -> int:
+        offset = max(0, count - sizes.tail_count - TAIL_LOOKBACK)
         roles = await self.store.read.roles(conversation_id, offset, count)
-        return tail_start(roles, offset, count, self.settings.fresh_tail_count)
+        costs = await self.store.read.raw_token_counts(conversation_id, offset, count, stubbed_upto)
+        return tail_start(roles, costs, offset, count, sizes)
 
     async def plan(self, conversation: ConversationRecord) -> Plan:
         summaries = await self.store.read.context_summaries(conversation.id)
@@ -184,19 +214,24 @@ class Compactor:
         plan.stubbed_upto = tail
         return True
 
-    async def leaf_pass(self, plan: Plan, tail: int, summarizer: Summarizer | None) -> SummaryRecord | None:
+    async def leaf_pass(
+        self, plan: Plan, tail: int, summarizer: Summarizer | None, sizes: Sizes, excess: int
+    ) -> SummaryRecord | None:
+        """Summarise the oldest raw messages outside the tail: just enough of them to remove ``excess``
+        tokens (within the chunk size and the summary model's window)."""
         start = plan.summarized_upto
         if start >= tail:
             return None
         conversation_id = plan.conversation.id
         rows = await self.store.read.messages(conversation_id, start, tail)
+        limit = sizes.chunk_for(excess)
         chunk: list[MessageRecord] = []
         total = 0
         for row in rows:
             stubbed = row.compact_token_count is not None and row.seq < plan.stubbed_upto
             cost = row.compact_token_count if stubbed and row.compact_token_count is not None else row.token_count
             # Tool results always join their call's chunk: a cut between them would orphan one side.
-            if chunk and total + cost > self.settings.leaf_chunk_tokens and row.role not in ("tool", "function"):
+            if chunk and total + cost > limit and row.role not in ("tool", "function"):
                 break
             chunk.append(row)
             total += cost
@@ -208,21 +243,20 @@ class Compactor:
             rendered.append(render_message(message, row.created_at))
             file_ids += [r for r in refs if r not in file_ids]
         source = "\n\n".join(rendered)
-        previous = (
-            f"<previous_context>\n{plan.summaries[-1].content}\n</previous_context>\n\n" if plan.summaries else ""
-        )
-        target = self.settings.leaf_target_tokens
-        text = await summarize(
+        facts = select_facts(extract_facts(parse_transcript(source)), sizes.leaf_target * 2 // 3)
+        previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
+        context = f"<previous_notes>\n{previous}\n</previous_notes>\n\n" if previous else ""
+        text = await self._write(
             summarizer,
-            self.guard,
             conversation_id,
-            prompts=(leaf_prompt(target, False), leaf_prompt(target // 2, True)),
-            source=f"{previous}<conversation>\n{source}\n</conversation>",
-            fallback_source=source,
-            source_tokens=tokens.count_text(source),
-            target_tokens=target,
-            fallback_tokens=self.settings.fallback_max_tokens,
+            facts,
+            prompts=leaf_prompt,
+            material=f"{context}<conversation>\n{source}\n</conversation>",
+            material_tokens=tokens.count_text(source),
+            target=sizes.leaf_target,
             timeout=self.settings.summary_timeout,
+            kind="leaf",
+            fallback=lambda: extractive_fallback(source, fallback_room(sizes)),
         )
         record = SummaryRecord(
             id=new_summary_id(),
@@ -248,40 +282,96 @@ class Compactor:
         plan.stubbed_upto = max(plan.stubbed_upto, end)
         return record
 
+    async def _write(
+        self,
+        summarizer: Summarizer | None,
+        conversation_id: str,
+        facts: list[Fact],
+        *,
+        prompts: Callable[[int, bool], tuple[str, str]],
+        material: str,
+        material_tokens: int,
+        target: int,
+        timeout: float,
+        kind: str,
+        fallback: Callable[[], str],
+    ) -> SummaryText:
+        """The model's notes followed by the extracted facts; without a usable answer, the extractive
+        fallback. The facts never depend on the model: a weak one cannot drop them."""
+        block = render_facts(facts)
+        prose_target = max(48, target - tokens.count_text(block))
+        text = await summarize(
+            summarizer,
+            self.guard,
+            conversation_id,
+            prompts=(prompts(prose_target, False), prompts(prose_target // 2, True)),
+            source=material,
+            source_tokens=material_tokens,
+            target_tokens=prose_target,
+            timeout=timeout,
+            kind=kind,
+        )
+        if text is None:
+            return SummaryText(f"{fallback()}\n{FALLBACK_MARKER}", 2, None)
+        content = f"{text.content}\n\n{block}" if block else text.content
+        return SummaryText(content, text.escalation, text.model)
+
     def _fanout(self, depth: int) -> int:
         return self.settings.leaf_min_fanout if depth == 0 else self.settings.condensed_min_fanout
 
-    async def condensed_pass(self, plan: Plan, summarizer: Summarizer | None) -> SummaryRecord | None:
-        context = plan.summaries
-        best: tuple[int, int] | None = None  # (depth, index of the run's first summary)
+    def _condensable(self, context: Sequence[SummaryRecord], force: bool) -> tuple[int, int] | None:
+        """(index, length) of the run of summaries to condense: the shallowest run of same-depth summaries
+        that reaches its fanout; with ``force`` (the summaries outgrew their room) the oldest run of two or
+        more, else the oldest two."""
+        runs: list[tuple[int, int, int]] = []  # (depth, index, length)
         i = 0
         while i < len(context):
             j = i
             while j < len(context) and context[j].depth == context[i].depth:
                 j += 1
-            depth = context[i].depth
-            if j - i >= self._fanout(depth) and (best is None or depth < best[0]):
-                best = (depth, i)
+            runs.append((context[i].depth, i, j - i))
             i = j
-        if best is None:
+        full = [(d, i, self._fanout(d)) for d, i, n in runs if n >= self._fanout(d)]
+        if full:
+            _, index, length = min(full)
+            return index, length
+        if not force or len(context) < 2:
             return None
-        depth, first = best
-        children = context[first : first + self._fanout(depth)]
+        pairs = [(i, n) for _, i, n in runs if n >= 2]
+        return pairs[0] if pairs else (0, 2)
+
+    async def condensed_pass(
+        self, plan: Plan, summarizer: Summarizer | None, sizes: Sizes, force: bool = False
+    ) -> SummaryRecord | None:
+        context = plan.summaries
+        found = self._condensable(context, force)
+        if found is None:
+            return None
+        first, length = found
+        children = context[first : first + length]
+        # One call must fit the summary model: fewer children when their notes are long (never fewer than 2).
+        while len(children) > 2 and sum(split_tokens(c) for c in children) > sizes.leaf_chunk:
+            children = children[:-1]
+        depth = max(c.depth for c in children) + 1
         source = "\n\n".join(
-            f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n{c.content}" for c in children
+            f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n{split_summary(c.content)[0]}"
+            for c in children
         )
-        target = self.settings.condensed_target_tokens
-        source_tokens = tokens.count_text(source)
-        text = await summarize(
+        merged: list[Fact] = []
+        for child in children:
+            merged += parse_facts(split_summary(child.content)[1])
+        facts = select_facts(merged, sizes.condensed_target * 2 // 3)
+        text = await self._write(
             summarizer,
-            self.guard,
             plan.conversation.id,
-            prompts=(condensed_prompt(depth + 1, target, False), condensed_prompt(depth + 1, target // 2, True)),
-            source=f"<summaries>\n{source}\n</summaries>",
-            source_tokens=source_tokens,
-            target_tokens=target,
-            fallback_tokens=self.settings.fallback_max_tokens,
+            facts,
+            prompts=lambda target, aggressive: condensed_prompt(depth, target, aggressive),
+            material=f"<notes>\n{source}\n</notes>",
+            material_tokens=tokens.count_text(source) + sum(c.token_count for c in children),
+            target=sizes.condensed_target,
             timeout=self.settings.summary_timeout,
+            kind="condensed",
+            fallback=lambda: render_facts(facts) or extractive_fallback(source, fallback_room(sizes)),
         )
         file_ids: list[str] = []
         for child in children:
@@ -292,12 +382,12 @@ class Compactor:
             id=new_summary_id(),
             conversation_id=plan.conversation.id,
             kind="condensed",
-            depth=depth + 1,
+            depth=depth,
             start_seq=children[0].start_seq,
             end_seq=children[-1].end_seq,
             content=text.content,
             token_count=tokens.count_text(text.content),
-            source_token_count=source_tokens,
+            source_token_count=sum(c.token_count for c in children),
             earliest_at=children[0].earliest_at,
             latest_at=children[-1].latest_at,
             descendant_count=sum(c.descendant_count + 1 for c in children),
@@ -337,40 +427,48 @@ class Compactor:
         conversation_id: str,
         summarizer: Summarizer | None,
         *,
+        sizes: Sizes | None = None,
         count: int | None = None,
         target_tokens: int | None = None,
     ) -> SweepReport:
-        """Passes until under ``target_tokens`` (or, without a target, until nothing is left to compact),
-        bounded by an iteration cap and a deadline; the result is committed at once."""
+        """Passes until the context is under ``target_tokens`` (by default the sizes' target; with neither, until
+        nothing outside the tail is left) and its summaries fit their room, bounded by an iteration cap and a
+        deadline; the result is committed at once."""
         report = SweepReport()
         conversation = await self.store.read.conversation(None, conversation_id)
         if conversation is None:
             return report
+        # Without a request's sizes (the operator's ``compact``) everything outside the tail is compacted.
+        target = target_tokens if target_tokens is not None else sizes.target if sizes else 0
+        sizes = sizes or self.default_sizes(summarizer)
         n = conversation.message_count if count is None else count
         plan = await self.plan(conversation)
         deadline = time.monotonic() + self.settings.sweep_deadline_seconds
-        tail = await self.tail_start(conversation_id, n)
+        tail = await self.tail_start(conversation_id, n, conversation.stubbed_upto, sizes)
         for iteration in range(self.settings.max_sweep_iterations + 1):
             current = await self._tokens(conversation_id, plan.summaries, plan.summarized_upto, plan.stubbed_upto, n)
+            crowded = summary_tokens(plan.summaries) > sizes.summary_room
             if iteration == 0:
                 report.tokens_before = current
             report.tokens_after = current
-            if iteration == self.settings.max_sweep_iterations:
-                break
-            if target_tokens is not None and current <= target_tokens:
+            if iteration == self.settings.max_sweep_iterations or (current <= target and not crowded):
                 break
             if time.monotonic() > deadline:
                 report.deadline_hit = True
                 break
-            if await self.stub_step(plan, tail):
+            if current > target and await self.stub_step(plan, tail):
                 report.stubbed = True
                 continue
             try:
-                made = await self.leaf_pass(plan, tail, summarizer)
+                made = None
+                if current > target:
+                    made = await self.leaf_pass(plan, tail, summarizer, sizes, current - target)
                 if made is not None:
                     report.leaf_passes += 1
                 else:
-                    made = await self.condensed_pass(plan, summarizer)
+                    # Condense before anything is evicted: when nothing raw is left to summarise, or when the
+                    # summaries outgrew their share of the budget.
+                    made = await self.condensed_pass(plan, summarizer, sizes, force=crowded)
                     report.condensed_passes += made is not None
                 if made is not None:
                     report.fallbacks += made.escalation == 2
@@ -382,3 +480,17 @@ class Compactor:
             report.conflict = True
             report.tokens_after = report.tokens_before
         return report
+
+
+def summary_tokens(summaries: Sequence[SummaryRecord]) -> int:
+    """What the summaries cost in the assembled context (one message, see ``render_summaries``)."""
+    return tokens.count_message(render_summaries(summaries)) if summaries else 0
+
+
+def fallback_room(sizes: Sizes) -> int:
+    """Tokens of an extractive fallback, its marker line included in ``sizes.fallback``."""
+    return max(24, sizes.fallback - tokens.count_text(FALLBACK_MARKER) - 2)
+
+
+def split_tokens(summary: SummaryRecord) -> int:
+    return tokens.count_text(split_summary(summary.content)[0])

@@ -1,54 +1,79 @@
 """The context engine's small interface to the wire layer: ``prepare`` a request, ``after_response``.
 
-``prepare`` ingests the transcript, assembles ``instructions + summaries + raw tail`` within the budget
-(compacting first when over the hard budget, evicting old material from the *view* if compaction cannot
-help, refusing with ``context_length_exceeded`` if even the fresh tail cannot fit) and decides whether a
-background compaction should follow. Below the soft threshold with nothing intercepted, the request's own
-message list is forwarded untouched and no summarizer is called.
+``prepare`` ingests the transcript and assembles ``instructions + summaries + raw messages`` within the
+request's budget (``proxy.engine.budget``): over the context share it compacts first, for at most
+``inline_compaction_seconds`` (the rest finishes in the background); whatever still does not fit leaves the
+forwarded view oldest first (``proxy.engine.assemble``). When older material is outside what is forwarded,
+auto-recall places original excerpts that match the newest user message right before it. Only when the
+newest user message and what follows it cannot fit at all is the request refused. Below the soft threshold
+with nothing intercepted, the request's own message list is forwarded untouched and no summarizer is called.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from proxy.config import LcmSettings
-from proxy.engine import tokens
+from proxy.engine import auto_recall, budget, tokens
+from proxy.engine.assemble import Assembly, TooLarge, fit, join, newest_user, prepend_text
+from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
-from proxy.engine.compaction import Compactor, SweepReport
+from proxy.engine.compaction import Compactor, SweepReport, covering_prefix, summary_tokens
 from proxy.engine.explore import TextSummarizer
-from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
+from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.intercept import apply_patches
-from proxy.engine.render import render_summary
+from proxy.engine.render import content_text, render_summaries
 from proxy.engine.summarize import Guard, Summarizer
 from proxy.errors import ContextLengthExceeded
 from proxy.store.files import FileStore
-from proxy.store.records import ConversationRecord
+from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite import SQLiteStore
 from proxy.types import Message, Messages
 
+__all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
+
 log = logging.getLogger("lcm_proxy.engine")
+RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
 
-Compaction = Literal["none", "scheduled", "inline", "evicted"]
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a request leaves for its messages: window minus output reserve and tool schemas (the
-    instructions are subtracted by the engine, which knows where they end)."""
-
-    window: int
-    output_reserve: int
-    tools: int
-
-    def for_messages(self, instructions: int) -> int:
-        return self.window - self.output_reserve - self.tools - instructions
+# none: nothing done; scheduled: a background compaction follows the response; inline: compacted first;
+# deferred: the inline compaction ran past its deadline and goes on in the background; evicted: material
+# left the forwarded view to fit.
+Compaction = Literal["none", "scheduled", "inline", "deferred", "evicted"]
 
 
 class RequestSummarizer(Summarizer, TextSummarizer, Protocol):
     """What the engine needs from the request's summary model (implemented by the wire side)."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one request forwarded, for headers and the admin views."""
+
+    summaries: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    first_raw: int = 0
+    dropped: int = 0  # raw messages before first_raw that were neither summarised nor forwarded
+    recalled: tuple[int, ...] = ()  # message ids quoted by auto-recall
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class View:
+    """The stored context of a request's first ``count`` messages: summaries, then raw ``[upto, count)``."""
+
+    summaries: list[SummaryRecord]
+    upto: int
+    roles: list[str]
+    costs: list[int]
+    newest_user: int  # seq of the newest user message: it and what follows must be forwarded raw
+
+    @property
+    def tokens(self) -> int:
+        return summary_tokens(self.summaries) + sum(self.costs)
 
 
 @dataclass(frozen=True)
@@ -62,6 +87,8 @@ class Prepared:
     recall: bool = False  # offer the recall tools with this request
     room: int = 0  # tokens still free for messages after the assembled context (the recall loop's budget)
     transcript_length: int = 0  # messages of the request after its instructions: what its recall may see
+    sent: Sent = field(default_factory=Sent)
+    sizes: Sizes | None = None
 
 
 class ContextEngine:
@@ -70,12 +97,8 @@ class ContextEngine:
         self.files = files
         self.settings = settings
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
-        self.ingestor = Ingestor(
-            store,
-            files,
-            Thresholds(settings.large_file_token_threshold, settings.tool_result_token_threshold),
-            self.guard,
-        )
+        default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
+        self.ingestor = Ingestor(store, files, Thresholds(default.large_file, default.tool_result), self.guard)
         self.compactor = Compactor(store, settings, self.guard)
         self._background: dict[str, asyncio.Task[SweepReport]] = {}
 
@@ -83,133 +106,219 @@ class ContextEngine:
         self,
         tenant: str,
         messages: Messages,
-        budget: Budget,
+        request_budget: Budget,
         summarizer: RequestSummarizer | None,
         *,
         conversation_key: str | None = None,
         model: str | None = None,
+        tools_offered: bool = False,
     ) -> Prepared:
-        ingested = await self.ingestor.ingest(
-            tenant, messages, conversation_key=conversation_key, summarizer=summarizer, model=model
-        )
-        instructions, transcript = split_instructions(ingested.messages)
+        instructions, transcript = split_instructions(messages)
         instruction_tokens = tokens.count_messages(instructions) if instructions else 0
-        limit = budget.for_messages(instruction_tokens)
+        limit = request_budget.for_messages(instruction_tokens)
+        sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None))
+        ingested = await self.ingestor.ingest(
+            tenant,
+            messages,
+            conversation_key=conversation_key,
+            summarizer=summarizer,
+            model=model,
+            thresholds=Thresholds(sizes.large_file, sizes.tool_result),
+        )
         if ingested.conversation_id is None:
             return Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
-        conversation = await self.store.read.conversation(tenant, ingested.conversation_id)
-        assert conversation is not None
+        if ingested.forked_from is not None:
+            await self._share_parent_compaction(ingested.conversation_id, ingested.forked_from)
+        conversation = await self._conversation(tenant, ingested.conversation_id)
         count = len(transcript)
-        soft = int(limit * self.settings.context_threshold)
-        current = await self.compactor.context_tokens(conversation, count)
+        view = await self._view(conversation, count)
+        required = sum(view.costs[view.newest_user - view.upto :])
+        if required > limit:
+            # Refused before any summarizer call or stored change: compaction cannot make this fit.
+            raise self._too_large(required, limit, request_budget, instruction_tokens)
+        current = view.tokens
         compaction: Compaction = "none"
-        if current > limit:
-            # A tail that cannot fit makes the request fail whatever compaction does: refuse it before any
-            # summarizer call or stored change (a huge max_tokens must not compact a conversation for good).
-            await self._check_tail_fits(conversation, count, budget, instruction_tokens)
-            compaction = "inline"
-            report = await self.compactor.sweep(conversation.id, summarizer, count=count, target_tokens=soft)
-            log.info("inline compaction of %s: %s", conversation.id, report)
-            conversation = await self.store.read.conversation(tenant, conversation.id)
-            assert conversation is not None
-            current = await self.compactor.context_tokens(conversation, count)
-        elif current > soft:
+        if current > sizes.context:
+            compaction = await self._compact_inline(conversation.id, summarizer, sizes, count)
+            conversation = await self._conversation(tenant, conversation.id)
+            view = await self._view(conversation, count)
+        elif current > sizes.soft:
             compaction = "scheduled"
-        assembled = await self._assemble(conversation, instructions, transcript, ingested)
-        if current > limit:
+        stubbed = min(conversation.stubbed_upto, count)
+        patches = await self.store.read.patches(conversation.id, view.upto, stubbed)
+        compact = {seq: c for seq, _, c in patches if c is not None}
+        if not view.summaries and view.upto == 0 and not compact and view.tokens <= sizes.context:
+            # Zero-cost continuity: the request's own list, untouched (nothing summarised, nothing stubbed).
+            stubs = ingested.messages is not messages  # huge payloads were stubbed at ingest
+            return Prepared(
+                conversation.id, ingested.messages, ingested.tokens_sent, ingested.tokens_forwarded, compaction,
+                limit, self._offer_tools(stubs, tools_offered), max(0, limit - view.tokens), count,
+                Sent(tokens=view.tokens), sizes,
+            )  # fmt: skip
+        try:
+            assembly = fit(view.summaries, view.upto, view.roles, view.costs, sizes.context)
+        except TooLarge:
+            assembly = fit(view.summaries, view.upto, view.roles, view.costs, limit)  # the recall reserve gives way
+        if assembly.evicted or assembly.first_raw > view.upto:
             compaction = "evicted"
-            assembled, current = await self._evict(conversation, instructions, transcript, budget, instruction_tokens)
-        # From stored per-message counts: re-tokenizing a long context on every request would cost more than
-        # everything else the proxy does.
-        forwarded = ingested.tokens_forwarded if assembled is ingested.messages else instruction_tokens + current + 3
-        mode = self.settings.retrieval_tools
-        recall = mode == "always" or (mode == "auto" and assembled is not messages)  # summaries or stubs present
+            log.info(
+                "%s: %d summaries and %d messages left the forwarded view to fit %d tokens",
+                conversation.id,
+                len(assembly.evicted),
+                assembly.first_raw - view.upto,
+                sizes.context,
+            )
+        raw: list[Message] = []
+        for seq in range(assembly.first_raw, count):
+            message = transcript[seq]
+            if seq in compact:
+                message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
+            raw.append(message)
+        used = assembly.tokens
+        recalled: tuple[int, ...] = ()
+        if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
+            raw, recall_tokens, recalled = await self._auto_recall(
+                conversation.id, assembly.first_raw, view.newest_user, raw, limit - used, sizes
+            )
+            used += recall_tokens
+        summaries_message = render_summaries(assembly.summaries) if assembly.summaries else None
+        sent = Sent(
+            tuple(s.id for s in assembly.summaries),
+            tuple(assembly.evicted),
+            assembly.first_raw,
+            assembly.first_raw - view.upto,
+            recalled,
+            used,
+        )
         return Prepared(
             conversation.id,
-            assembled,
+            join(instructions, summaries_message, raw),
             ingested.tokens_sent,
-            forwarded,
+            instruction_tokens + used + 3,
             compaction,
             limit,
-            recall,
-            max(0, limit - current),
+            self._offer_tools(True, tools_offered),
+            max(0, limit - used),
             count,
+            sent,
+            sizes,
         )
 
-    async def _assemble(
-        self, conversation: ConversationRecord, instructions: Messages, transcript: Messages, ingested: IngestResult
-    ) -> Messages:
-        count = len(transcript)
+    async def _view(self, conversation: ConversationRecord, count: int) -> View:
         summaries, upto = await self.compactor.view(conversation, count)
-        stubbed = min(conversation.stubbed_upto, count)
-        compact = {
-            seq: c for seq, _, c in await self.store.read.patches(conversation.id, upto, stubbed) if c is not None
-        }
-        if not summaries and upto == 0 and not compact:
-            return ingested.messages  # zero-cost continuity: the request's own list, untouched
-        tail: Messages = []
-        for seq in range(upto, count):
-            message = transcript[seq]
-            if seq in compact:
-                message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
-            tail.append(message)
-        return [*instructions, *(render_summary(s) for s in summaries), *tail]
-
-    async def _check_tail_fits(
-        self, conversation: ConversationRecord, count: int, budget: Budget, instruction_tokens: int
-    ) -> None:
-        limit = budget.for_messages(instruction_tokens)
-        tail_from = await self.compactor.tail_start(conversation.id, count)
-        tail_tokens = await self.store.read.raw_token_sum(conversation.id, tail_from, count, conversation.stubbed_upto)
-        if tail_tokens > limit:
-            raise ContextLengthExceeded(
-                f"This conversation's newest {count - tail_from} messages (the protected fresh tail) need "
-                f"{tail_tokens} tokens, but only {limit} are available for messages (context window "
-                f"{budget.window} - output reserve {budget.output_reserve} - instructions {instruction_tokens} "
-                f"- tools {budget.tools}). Shorten the latest messages, lower max_tokens, or use a larger model.",
-                param="messages",
-            )
-
-    async def _evict(
-        self,
-        conversation: ConversationRecord,
-        instructions: Messages,
-        transcript: Messages,
-        budget: Budget,
-        instruction_tokens: int,
-    ) -> tuple[Messages, int]:
-        """Drop the oldest material from the assembled view (never from the store) until it fits."""
-        limit = budget.for_messages(instruction_tokens)
-        count = len(transcript)
-        summaries, upto = await self.compactor.view(conversation, count)
-        tail_from = await self.compactor.tail_start(conversation.id, count)
+        roles = await self.store.read.roles(conversation.id, upto, count)
         costs = await self.store.read.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
-        rendered = [render_summary(s) for s in summaries]
-        total = sum(tokens.count_message(m) for m in rendered) + sum(costs)
-        while rendered and total > limit:
-            total -= tokens.count_message(rendered.pop(0))
-        first_raw = upto
-        while total > limit and first_raw < tail_from:
-            # Drop a whole exchange: an assistant tool call goes together with all of its results.
-            total -= costs[first_raw - upto]
-            first_raw += 1
-            while first_raw < tail_from and transcript[first_raw].get("role") in ("tool", "function"):
-                total -= costs[first_raw - upto]
-                first_raw += 1
-        if total > limit:
-            await self._check_tail_fits(conversation, count, budget, instruction_tokens)
-            raise ContextLengthExceeded(
-                f"The conversation needs {total} tokens; {limit} are available.", param="messages"
+        return View(summaries, upto, roles, costs, newest_user(roles, upto, count) if costs else count)
+
+    def _offer_tools(self, compacted: bool, model_calls_tools: bool) -> bool:
+        mode = self.settings.retrieval_tools
+        return mode == "always" or (mode == "auto" and compacted and model_calls_tools)
+
+    async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
+        conversation = await self.store.read.conversation(tenant, conversation_id)
+        assert conversation is not None
+        return conversation
+
+    def _too_large(self, needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextLengthExceeded:
+        b = request_budget
+        return ContextLengthExceeded(
+            f"The newest user message and what follows it need {needed} tokens, but only {limit} are available "
+            f"for messages: context window {b.window} ({b.window_source}) - output reserve {b.output_reserve} "
+            f"({b.reserve_source}) - instructions {instructions} - tool schemas {b.tools}. Lower "
+            f"{b.reserve_source}, shorten the message, or use a model with a larger window.",
+            param="messages",
+        )
+
+    async def _compact_inline(
+        self, conversation_id: str, summarizer: RequestSummarizer | None, sizes: Sizes, count: int
+    ) -> Compaction:
+        """Compact before answering, for at most ``inline_compaction_seconds``; past that the compaction goes
+        on in the background and this request is answered from what fits. A compaction of this conversation
+        that is already running is waited for, not duplicated."""
+        task = self._background.get(conversation_id)
+        if task is None or task.done():
+            task = self._start(conversation_id, summarizer, sizes, count, "inline")
+        done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
+        if not done:
+            log.warning(
+                "inline compaction of %s still running after %.0f s: answering from what fits",
+                conversation_id,
+                self.settings.inline_compaction_seconds,
             )
-        stubbed = min(conversation.stubbed_upto, count)
-        compact = {seq: c for seq, _, c in await self.store.read.patches(conversation.id, first_raw, stubbed) if c}
-        kept: list[Message] = []
-        for seq in range(first_raw, count):
-            message = transcript[seq]
-            if seq in compact:
-                message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
-            kept.append(message)
-        return [*instructions, *rendered, *kept], total
+            return "deferred"
+        return "inline"
+
+    def _start(
+        self,
+        conversation_id: str,
+        summarizer: RequestSummarizer | None,
+        sizes: Sizes | None,
+        count: int | None,
+        kind: str,
+    ) -> asyncio.Task[SweepReport]:
+        task = asyncio.create_task(self._sweep(conversation_id, summarizer, sizes, count, kind))
+        self._background[conversation_id] = task
+        return task
+
+    async def _sweep(
+        self,
+        conversation_id: str,
+        summarizer: RequestSummarizer | None,
+        sizes: Sizes | None,
+        count: int | None,
+        kind: str,
+    ) -> SweepReport:
+        try:
+            report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count)
+            log.info("%s compaction of %s: %s", kind, conversation_id, report)
+            return report
+        except Exception:
+            log.exception("%s compaction of %s failed", kind, conversation_id)
+            return SweepReport()
+        finally:
+            if self._background.get(conversation_id) is asyncio.current_task():
+                del self._background[conversation_id]
+
+    async def _share_parent_compaction(self, fork_id: str, parent_id: str) -> None:
+        """A fork made while its parent's compaction runs waits for it (within the inline deadline) and takes
+        the summaries of the shared prefix, instead of summarising the same messages again."""
+        task = self._background.get(parent_id)
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
+        if not done:
+            return
+        async with self.store.write() as tx:
+            fork = await tx.conversation(None, fork_id)
+            if fork is None or fork.fork_seq is None or await tx.context_summaries(fork_id):
+                return
+            shared, upto = await covering_prefix(tx, await tx.context_summaries(parent_id), fork.fork_seq)
+            if shared:
+                await tx.set_context(fork_id, [s.id for s in shared], upto)
+
+    async def _auto_recall(
+        self,
+        conversation_id: str,
+        first_raw: int,
+        newest_user: int,
+        raw: list[Message],
+        free: int,
+        sizes: Sizes,
+    ) -> tuple[list[Message], int, tuple[int, ...]]:
+        """Original excerpts matching the newest user message, from the messages not forwarded raw, placed
+        in that message right before its own text (everything before it stays byte-identical)."""
+        index = newest_user - first_raw
+        if not 0 <= index < len(raw) or raw[index].get("role") != "user":
+            return raw, 0, ()
+        cap = min(free - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
+        query = content_text(raw[index].get("content"))
+        block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)
+        if block is None:
+            return raw, 0, ()
+        ids = tuple(int(i) for i in RECALLED_ID.findall(block))
+        out = list(raw)
+        out[index] = prepend_text(raw[index], block)
+        return out, tokens.count_text(block) + 2, ids
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
         """Start a background compaction if the request crossed the soft threshold (one per conversation)."""
@@ -218,20 +327,8 @@ class ContextEngine:
         running = self._background.get(prepared.conversation_id)
         if running is not None and not running.done():
             return False
-        task = asyncio.create_task(self._compact_in_background(prepared.conversation_id, summarizer))
-        self._background[prepared.conversation_id] = task
+        self._start(prepared.conversation_id, summarizer, prepared.sizes, None, "background")
         return True
-
-    async def _compact_in_background(self, conversation_id: str, summarizer: RequestSummarizer | None) -> SweepReport:
-        try:
-            report = await self.compactor.sweep(conversation_id, summarizer)
-            log.info("background compaction of %s: %s", conversation_id, report)
-            return report
-        except Exception:
-            log.exception("background compaction of %s failed", conversation_id)
-            return SweepReport()
-        finally:
-            self._background.pop(conversation_id, None)
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait for background compactions (tests, shutdown)."""
@@ -249,3 +346,6 @@ def _loads(text: str) -> list[tuple[list[str | int], str]]:
     import orjson
 
     return [(p, v) for p, v in orjson.loads(text)]
+
+
+__all__ += ["Assembly", "Sent"]

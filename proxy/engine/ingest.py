@@ -167,7 +167,10 @@ class Ingestor:
         conversation_key: str | None = None,
         summarizer: TextSummarizer | None = None,
         model: str | None = None,
+        thresholds: Thresholds | None = None,
     ) -> IngestResult:
+        """Store what is new in ``messages``; ``thresholds`` (the request's, scaled to its model's window)
+        decide what is intercepted, by default the ingestor's own."""
         instructions, transcript = split_instructions(messages)
         if not transcript:
             count = tokens.count_messages(messages)
@@ -186,9 +189,8 @@ class Ingestor:
         }
         explorations: dict[str, str] = {}
         explorer = self._explorer(tenant, summarizer, explorations)
-        interceptor = Interceptor(
-            tenant, self.thresholds.large_file_tokens, self.thresholds.tool_result_tokens, explorer
-        )
+        limits = thresholds or self.thresholds
+        interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer)
 
         # Prepare outside the write lock: interception may write files and call the summarizer. New payload
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.engine.explore import redact_secrets
@@ -38,7 +39,7 @@ def timestamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -69,7 +70,7 @@ def render_message(message: Message, created_at: float, file_refs: dict[str, str
     if role == "tool":
         header = f"tool result ({message.get('name') or message.get('tool_call_id', '')})"
     lines = [f"[{timestamp(created_at)} | {header}]"]
-    text = strip_reasoning(_content_text(message.get("content"))).strip()
+    text = strip_reasoning(content_text(message.get("content"))).strip()
     for placeholder, ref in (file_refs or {}).items():
         text = text.replace(placeholder, ref)
     if text:
@@ -94,12 +95,22 @@ def neutralise_summary_tags(text: str) -> str:
     return SUMMARY_TAG.sub("&lt;", text)
 
 
-def render_summary(summary: SummaryRecord) -> Message:
-    """A summary as the user-role message the model sees (DESIGN.md, "Compaction")."""
+def summary_block(summary: SummaryRecord) -> str:
+    """One summary in the wrapper the model sees (DESIGN.md, "Compaction"): its id (to recall the sources), the
+    time it covers, and the untrusted mark; ids of levels and counts stay in the admin views, where they cost
+    the model nothing."""
     attributes = (
-        f'id="{_attribute(summary.id)}" kind="{summary.kind}" depth="{summary.depth}" '
-        f'earliest_at="{timestamp(summary.earliest_at)}" latest_at="{timestamp(summary.latest_at)}" '
-        f'descendant_count="{summary.descendant_count}" trust="untrusted"'
+        f'id="{_attribute(summary.id)}" from="{timestamp(summary.earliest_at)}" to="{timestamp(summary.latest_at)}" '
+        'trust="untrusted"'
     )
-    content = neutralise_summary_tags(summary.content)
-    return {"role": "user", "content": f"<summary {attributes}>\n{content}\n</summary>"}
+    return f"<summary {attributes}>\n{neutralise_summary_tags(summary.content)}\n</summary>"
+
+
+def render_summary(summary: SummaryRecord) -> Message:
+    return {"role": "user", "content": summary_block(summary)}
+
+
+def render_summaries(summaries: Sequence[SummaryRecord]) -> Message:
+    """All summaries as one user message: chat templates that require strict user/assistant alternation
+    (Gemma, older Mistral) accept one message where a run of them would be refused."""
+    return {"role": "user", "content": "\n".join(summary_block(s) for s in summaries)}

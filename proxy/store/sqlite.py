@@ -269,6 +269,21 @@ class Queries:
         )
         return [FileRecord(*r) for r in rows]
 
+    async def search_messages(
+        self, conversation_id: str, match: str, before_seq: int, limit: int, *, max_chars: int = 1 << 30
+    ) -> list[tuple[int, int, str, str, float]]:
+        """(id, seq, role, text, created_at) of the messages of ``conversation_id`` before ``before_seq`` that
+        match the FTS5 query ``match``, best ``bm25`` first (ties: newest first); ``text`` is cut to
+        ``max_chars`` characters. ``match`` must be a safe query (quoted terms): it is passed to FTS5 as is.
+        Full-text search may run long: call it on ``Queries(store.search_conn)``, not on ``store.read``."""
+        rows = await self._all(
+            "SELECT m.id, m.seq, m.role, substr(m.text, 1, ?), m.created_at FROM messages_fts f"
+            " JOIN messages m ON m.id = f.rowid WHERE messages_fts MATCH ? AND m.conversation_id = ? AND m.seq < ?"
+            " ORDER BY bm25(messages_fts), m.seq DESC LIMIT ?",
+            (max_chars, match, conversation_id, before_seq, limit),
+        )
+        return [(int(r[0]), int(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
+
 
 class WriteTransaction(Queries):
     conn: aiosqlite.Connection

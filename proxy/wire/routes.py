@@ -8,8 +8,8 @@ OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -66,7 +66,13 @@ async def chat_completions(request: Request) -> Response:
             summarizer = state.summarizer_for(target)
             budget = state.budget_for(target, body)
             prepared = await state.engine.prepare(
-                tenant, body["messages"], budget, summarizer, conversation_key=key, model=body["model"]
+                tenant,
+                body["messages"],
+                budget,
+                summarizer,
+                conversation_key=key,
+                model=body["model"],
+                tools_offered=state.calls_tools(target),
             )
             if prepared.messages is not body["messages"]:
                 body = {**body, "messages": prepared.messages}
@@ -75,6 +81,10 @@ async def chat_completions(request: Request) -> Response:
             headers["x-lcm-tokens-sent"] = str(prepared.tokens_sent)
             headers["x-lcm-tokens-forwarded"] = str(prepared.tokens_forwarded)
             headers["x-lcm-compaction"] = prepared.compaction
+            # What was actually sent: summaries, summaries and messages that did not fit, recalled excerpts.
+            headers["x-lcm-summaries"] = str(len(prepared.sent.summaries))
+            headers["x-lcm-evicted"] = str(len(prepared.sent.evicted) + prepared.sent.dropped)
+            headers["x-lcm-recalled"] = str(len(prepared.sent.recalled))
             if prepared.compaction == "scheduled":
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
             # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so
@@ -97,12 +107,15 @@ async def chat_completions(request: Request) -> Response:
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
             return StreamingResponse(
-                _relay(stream),
+                _relay(stream, lambda delta: state.learn_tool_calls(target, delta)),
                 media_type="text/event-stream",
                 headers={**SSE_HEADERS, **headers},
                 background=background,
             )
-        return JSONResponse(await state.upstream.complete(target, body), headers=headers, background=background)
+        result = await state.upstream.complete(target, body)
+        for choice in result.get("choices") or []:
+            state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
+        return JSONResponse(result, headers=headers, background=background)
     except ProxyError as error:
         # Once stored, the conversation exists whatever the upstream did: the client still learns its id
         # (and the token figures), so a retry or a look at /lcm/ can name it.
@@ -142,10 +155,16 @@ async def _with_recall(
     return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
 
 
-async def _relay(stream: AsyncIterable[Chunk]) -> AsyncIterator[bytes]:
-    """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event."""
+async def _relay(
+    stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None
+) -> AsyncIterator[bytes]:
+    """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
+    ``on_delta`` sees each choice's delta (to learn which models make structured tool calls)."""
     try:
         async for chunk in stream:
+            if on_delta is not None:
+                for choice in chunk.get("choices") or []:
+                    on_delta(choice.get("delta") if isinstance(choice, dict) else None)
             yield sse_event(chunk)
     except ProxyError as error:
         yield sse_event(error.to_json())

@@ -1,0 +1,104 @@
+"""Budget policy: how one request's window is shared out, and the sizes compaction works to.
+
+``Budget`` is what the request leaves for messages: window minus output reserve and tool schemas (the
+instructions are subtracted by the engine, which knows where they end). ``sizes`` splits that limit:
+
+- the **recall block** (auto-recall excerpts before the newest user message) keeps a reserve;
+- the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
+- above ``soft`` a compaction is scheduled after the response; it summarises the oldest raw messages only
+  until the context is back under ``target``, so the forwarded context keeps using the budget instead of
+  collapsing to the fresh tail;
+- the **fresh tail** protected from compaction is at most ``fresh_tail_count`` messages *and* at most
+  ``tail_tokens``: a long tail shrinks before anything fails. Only the newest user message and what follows
+  it must be forwarded raw.
+
+Every knob the configuration leaves unset scales with the window, bounded by the defaults DESIGN.md gives
+for large models, so a 2k local model and a 200k hosted one both get sizes that fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.config import LcmSettings
+
+PROMPT_OVERHEAD = 700  # tokens of a summarizer call beyond its source: system prompt, framing, fact list
+DEFAULT_WINDOW_LIMIT = 120_000  # the message limit assumed when no request is at hand (operator `compact`)
+
+
+@dataclass(frozen=True)
+class Budget:
+    window: int
+    output_reserve: int
+    tools: int
+    # Where the window and the reserve came from, so that a refusal can name the setting to change.
+    window_source: str = "model_info.max_input_tokens"
+    reserve_source: str = "max_tokens"
+
+    def for_messages(self, instructions: int) -> int:
+        return self.window - self.output_reserve - self.tools - instructions
+
+
+@dataclass(frozen=True)
+class Sizes:
+    limit: int  # tokens for messages (instructions already subtracted)
+    recall: int  # reserve for the auto-recall block (0 when off)
+    context: int  # limit - recall: what summaries and raw messages may use
+    soft: int
+    target: int
+    summary_room: int
+    tail_count: int
+    tail_tokens: int
+    leaf_chunk: int
+    leaf_target: int
+    condensed_target: int
+    fallback: int
+    large_file: int
+    tool_result: int
+
+    def chunk_for(self, excess: int) -> int:
+        """Source tokens for the next leaf summary: enough to get ``excess`` tokens under the target once the
+        summary replaces them, not the whole history (that would forward far less than the budget allows)."""
+        return max(min(self.leaf_chunk, excess + self.leaf_target), min(self.leaf_chunk, self.context // 10))
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None) -> Sizes:
+    """The sizes for a message limit of ``limit`` tokens; ``summary_window`` is the summary model's own
+    window, which caps what one summarizer call may be given."""
+    limit = max(0, limit)
+    recall = min(settings.auto_recall_tokens or 2000, limit // 6)
+    if settings.auto_recall == "off" or limit < 400:
+        recall = 0
+    context = limit - recall
+    soft = int(context * settings.context_threshold)
+    target = max(context // 2, soft - context // 10)
+    summary_room = context // 4
+    leaf_target = settings.leaf_target_tokens or _clamp(summary_room // 3, 48, 1200)
+    condensed_target = settings.condensed_target_tokens or _clamp(summary_room // 2, 64, 2000)
+    leaf_chunk = settings.leaf_chunk_tokens or _clamp(context // 2, 200, 20000)
+    if summary_window:
+        # One summarizer call must fit the summary model: source + prompt + previous summary + answer.
+        room = summary_window - PROMPT_OVERHEAD - 2 * max(leaf_target, condensed_target)
+        leaf_chunk = max(100, min(leaf_chunk, room))
+    large_file = settings.large_file_token_threshold or _clamp(context // 2, 200, 25000)
+    tool_result = settings.tool_result_token_threshold or _clamp(context // 8, 50, 2000)
+    return Sizes(
+        limit=limit,
+        recall=recall,
+        context=context,
+        soft=soft,
+        target=target,
+        summary_room=summary_room,
+        tail_count=settings.fresh_tail_count,
+        tail_tokens=max(0, target - summary_room),
+        leaf_chunk=leaf_chunk,
+        leaf_target=leaf_target,
+        condensed_target=condensed_target,
+        fallback=settings.fallback_max_tokens or min(512, leaf_target),  # the fallback is the fact list
+        large_file=large_file,
+        tool_result=min(tool_result, large_file),
+    )
