@@ -478,7 +478,7 @@ def print_tables(results: list[SizeResult], settings: Settings, model_name: str 
     judged = "correct | correct % | " if real else ""
     print(
         f"| history tokens | conversations | facts | way | {judged}present | present % | mean forwarded tokens"
-        " | summarizer calls | 400s (all requests) | other errors | wall s |"
+        " | summarizer calls | 400s (all requests) | other errors | wall s¹ |"
     )
     print("|---:|---:|---:|---|" + ("---:|---:|" if real else "") + "---:|---:|---:|---:|---:|---:|---:|")
     for size in results:
@@ -497,6 +497,7 @@ def print_tables(results: list[SizeResult], settings: Settings, model_name: str 
                 f"{lead} {f'{correct}/{n} | {_pct(correct, n)} | ' if real else ''}{present}/{n} | {_pct(present, n)} |"
                 f" {mean:.0f} | {calls if way == 'lcm-proxy' else '-'} | {r.statuses[400]} | {errors} | {r.seconds:.1f} |"
             )
+    print("\n¹ lcm-proxy: building the history turn by turn (and its compactions) included.")
     print("\nPresent by kind of fact (truncation / lcm-proxy):\n")
     kinds = sorted({o.fact.kind for s in results for o in s.ways["lcm-proxy"].outcomes})
     print("| history tokens | " + " | ".join(kinds) + " |")

@@ -101,13 +101,26 @@ class Stats:
     forwarded: list[list[dict[str, Any]]] = field(default_factory=list)
     headers: list[str] = field(default_factory=list)
 
+    def _comparable(self) -> list[list[dict[str, Any]]]:
+        """Each request's messages before the one carrying the auto-recall block (the newest user message):
+        everything before the block is what must stay byte-identical (DESIGN.md, "Recall tools")."""
+        out = []
+        for messages in self.forwarded:
+            cut = len(messages)
+            for i, message in enumerate(messages):
+                if "<recalled_history " in str(message.get("content")):
+                    cut = i
+                    break
+            out.append(messages[:cut])
+        return out
+
     def breaks(self) -> list[int]:
-        return [
-            i + 1 for i, (a, b) in enumerate(zip(self.forwarded, self.forwarded[1:], strict=False)) if b[: len(a)] != a
-        ]
+        forwarded = self._comparable()
+        return [i + 1 for i, (a, b) in enumerate(zip(forwarded, forwarded[1:], strict=False)) if b[: len(a)] != a]
 
     def prefix_stability(self) -> float:
-        pairs = list(zip(self.forwarded, self.forwarded[1:], strict=False))
+        forwarded = self._comparable()
+        pairs = list(zip(forwarded, forwarded[1:], strict=False))
         if not pairs:
             return 1.0
         extends = sum(1 for a, b in pairs if b[: len(a)] == a)

@@ -191,6 +191,6 @@ def test_a_small_window_without_max_tokens_still_serves(
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}]}
     response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
     assert response.status_code == 200, response.text
-    # A client's own max_tokens still counts in full: 1,990 of 2,000 leaves no room, and says so.
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json={**body, "max_tokens": 1990}, timeout=30)
+    # A client's own max_tokens still counts in full: 1,999 of 2,000 leaves no room, and says so.
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json={**body, "max_tokens": 1999}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"

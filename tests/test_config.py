@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.config import LcmSettings, load_config, parse_config
+from proxy.engine import budget
 from proxy.errors import ConfigError, NotFoundError
 from proxy.routing import ModelRouter
 
@@ -150,7 +151,7 @@ MINIMAL = {"model_list": [{"model_name": "m", "litellm_params": {"model": "opena
         ({"model_list": [{"model_name": "m"}]}, "model_list[0].litellm_params: required key is missing"),
         ({"model_list": [{"model_name": "m", "litellm_params": {"model": "x"}, "extra": 1}]}, "model_list[0].extra: unknown key"),
         ({"model_list": [{"model_name": "m", "litellm_params": {"model": "x"}, "model_info": {"max_input_tokens": -5}}]}, "model_list[0].model_info.max_input_tokens: Input should be greater than 0"),
-        ({"lcm_settings": {"tool_result_token_threshold": 30000}}, "lcm_settings: tool_result_token_threshold must not exceed"),
+        ({"lcm_settings": {"tool_result_token_threshold": 30000, "large_file_token_threshold": 25000}}, "lcm_settings: tool_result_token_threshold must not exceed"),
     ],
 )  # fmt: skip
 def test_bad_config_names_the_key_path(patch: dict[str, Any], expected: str) -> None:
@@ -172,20 +173,21 @@ def test_example_config_is_valid_and_has_defaults() -> None:
 
 
 def test_lcm_defaults_match_design() -> None:
+    """DESIGN.md's sizes are the large-model defaults; unset, each one scales down with a smaller window."""
     s = LcmSettings()
-    assert (s.context_threshold, s.fresh_tail_count, s.leaf_chunk_tokens) == (0.75, 32, 20000)
-    assert (s.leaf_target_tokens, s.condensed_target_tokens, s.leaf_min_fanout, s.condensed_min_fanout) == (
-        1200,
-        2000,
-        8,
-        4,
-    )
-    assert (s.fallback_max_tokens, s.large_file_token_threshold, s.tool_result_token_threshold) == (
-        512,
-        25000,
-        2000,
-    )
-    assert s.summary_model is None
+    assert (s.context_threshold, s.fresh_tail_count, s.leaf_min_fanout, s.condensed_min_fanout) == (0.75, 32, 8, 4)
+    assert s.summary_model is None and s.auto_recall == "auto"
+    large = budget.sizes(s, 120_000)
+    assert (large.leaf_chunk, large.leaf_target, large.condensed_target) == (20000, 1200, 2000)
+    assert (large.fallback, large.large_file, large.tool_result) == (512, 25000, 2000)
+    small = budget.sizes(s, 1536)  # a 2,048-token model with a 512-token reserve
+    # A 5,800-token paste is stubbed, not refused; summaries and chunks fit the window.
+    assert small.large_file < 5800 and small.tool_result <= small.large_file
+    assert small.leaf_target + small.condensed_target < small.context // 2
+    assert small.leaf_chunk <= small.context and small.recall + small.context == small.limit
+    assert small.target <= small.soft <= small.context
+    # A value set in the configuration is used as it is.
+    assert budget.sizes(LcmSettings(leaf_target_tokens=300), 1536).leaf_target == 300
 
 
 def test_unset_variables_and_other_problems_are_reported_together(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -127,6 +127,7 @@ class ContextEngine:
         )
         if ingested.conversation_id is None:
             return Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
+        transcript = ingested.messages[len(instructions) :]  # huge payloads already stubbed
         if ingested.forked_from is not None:
             await self._share_parent_compaction(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(tenant, ingested.conversation_id)
