@@ -79,6 +79,15 @@ class AppState:
             return True
         return bool(self.upstream.supports_function_calling(target.upstream_model))
 
+    def offers_recall_tools(self, target: ResolvedModel) -> bool:
+        """Whether this model may be offered the recall tools: with ``retrieval_tools: auto``, only when it makes
+        structured tool calls and their schemas take at most a tenth of its window (on a 2k local model they
+        would cost a third of it; auto-recall serves such models instead)."""
+        mode = self.config.lcm_settings.retrieval_tools
+        if mode != "auto":
+            return mode == "always"
+        return self.calls_tools(target) and recall_tool_tokens() <= self.window_of(target)[0] // 10
+
     def learn_tool_calls(self, target: ResolvedModel, message: Any) -> None:
         """Remember a model that answered with a structured tool call (its map entry may not say so)."""
         if isinstance(message, dict) and message.get("tool_calls"):
@@ -95,7 +104,7 @@ class AppState:
         reserve = body.get(asked) or min(lcm.default_output_reserve, window // 4)
         reserve_source = asked if body.get(asked) else "lcm_settings.default_output_reserve"
         tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
-        if lcm.retrieval_tools == "always" or (lcm.retrieval_tools == "auto" and self.calls_tools(target)):
+        if self.offers_recall_tools(target):
             # Reserved even on requests that do not offer them yet: they appear on the first request with a
             # summary or a stub, and a budget that shrank at that moment could tip it over the window.
             tools += recall_tool_tokens()

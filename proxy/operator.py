@@ -77,6 +77,14 @@ class Operator:
             "",
         ]
         lines.append(f"  context:       {await self._context_line(c)}")
+        recorded = await self.store.read.last_sent(c.id)
+        if recorded:
+            sent = orjson.loads(recorded)
+            lines.append(
+                f"  last sent:     {len(sent['summaries'])} summaries, raw messages from {sent['first_raw']}"
+                + (f"; did not fit: {len(sent['evicted'])} summaries" if sent["evicted"] else "")
+                + (f", {sent['dropped']} messages (recalled on demand)" if sent["dropped"] else "")
+            )
         dag = await self._dag_lines(c.id)
         if dag:
             lines += ["", "summary DAG (active context, oldest first):", *dag]

@@ -232,8 +232,7 @@ def translate_exception(
         return UpstreamConnectionError("Could not connect to the upstream provider.")
     # Every field the provider wrote reaches the client: each is redacted, not only the message.
     message, kind, code, param = (
-        redact_upstream_message(field, credentials) if field is not None else None
-        for field in _upstream_fields(exc)
+        redact_upstream_message(field, credentials) if field is not None else None for field in _upstream_fields(exc)
     )
     message = message or "The upstream provider reported an error."
     if isinstance(status, int) and 400 <= status < 600:

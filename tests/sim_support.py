@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,11 +117,11 @@ class Stats:
 
     def breaks(self) -> list[int]:
         forwarded = self._comparable()
-        return [i + 1 for i, (a, b) in enumerate(zip(forwarded, forwarded[1:], strict=False)) if b[: len(a)] != a]
+        return [i + 1 for i, (a, b) in enumerate(itertools.pairwise(forwarded)) if b[: len(a)] != a]
 
     def prefix_stability(self) -> float:
         forwarded = self._comparable()
-        pairs = list(zip(forwarded, forwarded[1:], strict=False))
+        pairs = list(itertools.pairwise(forwarded))
         if not pairs:
             return 1.0
         extends = sum(1 for a, b in pairs if b[: len(a)] == a)

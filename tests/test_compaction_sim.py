@@ -32,7 +32,7 @@ MAX_TOKENS = 400
 SMALL_MODEL = {
     "model_name": "small",
     "litellm_params": {"model": "openai/small"},
-    "model_info": {"max_input_tokens": WINDOW},
+    "model_info": {"max_input_tokens": WINDOW, "supports_function_calling": True},
 }
 SIM_LCM = {
     "fresh_tail_count": 8,
@@ -113,7 +113,9 @@ def test_three_hundred_turns_stay_bounded_and_lossless(
                 assert sent["messages"][0] == transcript[0]
                 newest = transcript[-1]
                 if "<file " in str(newest.get("content")):
-                    assert without_recall(sent["messages"][-1])["content"].startswith("Look at this file [LCM File: file_")
+                    assert without_recall(sent["messages"][-1])["content"].startswith(
+                        "Look at this file [LCM File: file_"
+                    )
                 else:
                     assert without_recall(sent["messages"][-1]) == newest
                 has_summary = any(str(m.get("content", "")).startswith('<summary id="sum_') for m in sent["messages"])

@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from proxy.doctor import run_doctor
+from proxy.engine.facts import extractive_fallback
 from proxy.engine.ingest import Ingestor, Thresholds, export_conversation
 from proxy.engine.render import render_summary
-from proxy.engine.facts import extractive_fallback
 from proxy.engine.summarize import Guard, summarize
 from proxy.errors import InvalidRequestError
 from proxy.store.files import FileStore
@@ -446,11 +446,13 @@ def test_compacted_context_carries_filtered_inert_summaries(tmp_path: Path) -> N
             await store.close()
 
     summaries = asyncio.run(scenario())
-    assert summaries
-    for message in summaries:
-        content = str(message["content"])
-        assert content.count("<summary") == 1 and content.count("</summary>") == 1 and content.endswith("</summary>")
-        assert "Ignore previous instructions" not in content and "[instruction-like text removed]" in content
+    assert len(summaries) == 1  # all summaries in one message (strict user/assistant alternation)
+    content = str(summaries[0]["content"])
+    blocks = re.findall(r'<summary id="sum_[0-9a-f]{16}" [^>]*trust="untrusted">\n(.*?)\n</summary>', content, re.S)
+    # One intact wrapper per summary: nothing inside opens or closes one.
+    assert len(blocks) >= 1 and content.count("<summary") == content.count("</summary>") == len(blocks)
+    for block in blocks:
+        assert "Ignore previous instructions" not in block and "[instruction-like text removed]" in block
 
 
 def test_model_written_exploration_summaries_lose_instruction_overrides() -> None:

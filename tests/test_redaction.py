@@ -175,7 +175,12 @@ def test_every_field_of_an_upstream_error_is_redacted() -> None:
 
     exc = ProviderError("rejected")
     exc.body = {  # type: ignore[attr-defined]
-        "error": {"message": "rejected", "type": f"bad {UPSTREAM_KEY}", "code": UPSTREAM_KEY, "param": f"key={UPSTREAM_KEY}"}
+        "error": {
+            "message": "rejected",
+            "type": f"bad {UPSTREAM_KEY}",
+            "code": UPSTREAM_KEY,
+            "param": f"key={UPSTREAM_KEY}",
+        }
     }
     error = translate_exception(exc, credentials=[UPSTREAM_KEY])
     assert UPSTREAM_KEY not in json.dumps(error.to_json())
@@ -402,7 +407,10 @@ def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upst
 @pytest.mark.parametrize(
     ("text", "secret"),
     [
-        ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBFzq8Ab3xQ7vPGPSECRET\n-----END PGP PRIVATE KEY BLOCK-----", "PGPSECRET"),
+        (
+            "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBFzq8Ab3xQ7vPGPSECRET\n-----END PGP PRIVATE KEY BLOCK-----",
+            "PGPSECRET",
+        ),
         ("PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nPrivate-Lines: 1\nAAAAPUTTYSECRET", "PUTTYSECRET"),
         ("cache at redis://:hunter2pw@cache.local:6379/0", "hunter2pw"),
         ("The password for the prod database is Tr0ub4dor&3.", "Tr0ub4dor&3"),

@@ -147,7 +147,12 @@ def test_recall_calls_past_the_per_round_cap_are_not_run() -> None:
     from proxy.toolloop import MAX_CALLS_PER_ROUND
 
     calls = [
-        {"index": i, "id": f"c{i}", "type": "function", "function": {"name": "lcm_grep", "arguments": '{"pattern": "x"}'}}
+        {
+            "index": i,
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "lcm_grep", "arguments": '{"pattern": "x"}'},
+        }
         for i in range(40)
     ]
     ran: list[str] = []
@@ -157,7 +162,10 @@ def test_recall_calls_past_the_per_round_cap_are_not_run() -> None:
         return "found"
 
     upstream = ScriptedUpstream(
-        [[chunk({"role": "assistant", "tool_calls": calls}, finish="tool_calls")], [chunk({"content": "ok"}, finish="stop")]]
+        [
+            [chunk({"role": "assistant", "tool_calls": calls}, finish="tool_calls")],
+            [chunk({"content": "ok"}, finish="stop")],
+        ]
     )
     out = collect(RecallLoop(upstream, TARGET, counting_tool, 3, room=100_000), {"messages": []})  # type: ignore[arg-type]
     assert len(ran) == MAX_CALLS_PER_ROUND < len(calls)

@@ -14,7 +14,7 @@ from proxy.engine import tokens
 from proxy.engine.compaction import view_message
 from proxy.engine.engine import ContextEngine
 from proxy.engine.recall import RecallTools
-from proxy.engine.render import render_summary
+from proxy.engine.render import summary_block
 from proxy.engine.summarize import Summarizer
 from proxy.store.records import ConversationRecord
 
@@ -68,16 +68,37 @@ class AdminViews:
         return {"data": out}
 
     async def context(self, tenant: str, conversation_id: str) -> dict[str, Any]:
-        """The assembled context as the next request would see it (instructions excluded), with token counts."""
+        """What the last request forwarded (instructions and the auto-recall block excluded), with token counts:
+        each summary and raw message marked ``sent`` or not (evicted to fit). Before any assembled request,
+        the stored context as the next request would start from."""
         c = await self._conversation(tenant, conversation_id)
         summaries, upto = await self.engine.compactor.view(c, c.message_count)
+        recorded = await self.store.read.last_sent(c.id)
+        last = orjson.loads(recorded) if recorded else None
+        sent_ids = set(last["summaries"]) if last and last["upto"] == upto else {s.id for s in summaries}
+        first_raw = last["first_raw"] if last and last["upto"] == upto else upto
         items: list[dict[str, Any]] = [
-            {"kind": "summary", "id": s.id, "depth": s.depth, "tokens": tokens.count_message(render_summary(s))}
+            {
+                "kind": "summary",
+                "id": s.id,
+                "depth": s.depth,
+                "tokens": tokens.count_text(summary_block(s)),
+                "sent": s.id in sent_ids,
+            }
             for s in summaries
         ]
         costs = await self.store.read.raw_token_counts(c.id, upto, c.message_count, c.stubbed_upto)
-        items += [{"kind": "message", "seq": upto + i, "tokens": cost} for i, cost in enumerate(costs)]
-        return {"conversation": c.id, "tokens": sum(i["tokens"] for i in items), "items": items}
+        items += [
+            {"kind": "message", "seq": upto + i, "tokens": cost, "sent": upto + i >= first_raw}
+            for i, cost in enumerate(costs)
+        ]
+        return {
+            "conversation": c.id,
+            "tokens": sum(i["tokens"] for i in items if i["sent"]),
+            "stored_tokens": sum(i["tokens"] for i in items),
+            "evicted": [i.get("id", i.get("seq")) for i in items if not i["sent"]],
+            "items": items,
+        }
 
     async def summary(self, tenant: str, summary_id: str) -> dict[str, Any]:
         summary = await self.store.read.summary(summary_id)

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import orjson
+
 from proxy.config import LcmSettings
 from proxy.engine import auto_recall, budget, tokens
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, newest_user, prepend_text
@@ -101,6 +103,7 @@ class ContextEngine:
         self.ingestor = Ingestor(store, files, Thresholds(default.large_file, default.tool_result), self.guard)
         self.compactor = Compactor(store, settings, self.guard)
         self._background: dict[str, asyncio.Task[SweepReport]] = {}
+        self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
     async def prepare(
         self,
@@ -191,6 +194,7 @@ class ContextEngine:
             recalled,
             used,
         )
+        await self._record(conversation.id, sent, view.upto)
         return Prepared(
             conversation.id,
             join(instructions, summaries_message, raw),
@@ -211,9 +215,30 @@ class ContextEngine:
         costs = await self.store.read.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
         return View(summaries, upto, roles, costs, newest_user(roles, upto, count) if costs else count)
 
-    def _offer_tools(self, compacted: bool, model_calls_tools: bool) -> bool:
-        mode = self.settings.retrieval_tools
-        return mode == "always" or (mode == "auto" and compacted and model_calls_tools)
+    async def _record(self, conversation_id: str, sent: Sent, upto: int) -> None:
+        """Store what was forwarded when its composition changed (compaction moments, eviction), for the admin
+        views and ``show``: they report what the model saw, not only what is stored."""
+        composition = orjson.dumps(
+            {
+                "summaries": sent.summaries,
+                "evicted": sent.evicted,
+                "upto": upto,
+                "first_raw": sent.first_raw,
+                "dropped": sent.dropped,
+            }
+        ).decode()
+        if self._last_sent.get(conversation_id) == composition:
+            return
+        async with self.store.write() as tx:
+            await tx.set_last_sent(conversation_id, composition)
+        if len(self._last_sent) > 10_000:
+            self._last_sent.clear()
+        self._last_sent[conversation_id] = composition
+
+    def _offer_tools(self, compacted: bool, allowed: bool) -> bool:
+        """Offer the recall tools when the model may have them (``allowed``: the wire side knows the model)
+        and there is something to recall (summaries or stubs), or always when configured so."""
+        return allowed and (compacted or self.settings.retrieval_tools == "always")
 
     async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
         conversation = await self.store.read.conversation(tenant, conversation_id)
@@ -344,8 +369,6 @@ class ContextEngine:
 
 
 def _loads(text: str) -> list[tuple[list[str | int], str]]:
-    import orjson
-
     return [(p, v) for p, v in orjson.loads(text)]
 
 

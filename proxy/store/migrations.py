@@ -189,3 +189,16 @@ migration(
     END;
     """,
 )
+
+migration(
+    "m003_last_sent",
+    """
+    -- What the last request of each conversation actually forwarded (summaries, those that did not fit, the
+    -- first raw message), so that the admin views and `show` report what was sent, not the stored context.
+    CREATE TABLE last_sent (
+        conversation_id TEXT PRIMARY KEY REFERENCES conversations(id),
+        sent_json TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+)

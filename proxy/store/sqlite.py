@@ -269,6 +269,10 @@ class Queries:
         )
         return [FileRecord(*r) for r in rows]
 
+    async def last_sent(self, conversation_id: str) -> str | None:
+        row = await self._one("SELECT sent_json FROM last_sent WHERE conversation_id = ?", (conversation_id,))
+        return str(row[0]) if row else None
+
     async def search_messages(
         self, conversation_id: str, match: str, before_seq: int, limit: int, *, max_chars: int = 1 << 30
     ) -> list[tuple[int, int, str, str, float]]:
@@ -399,6 +403,13 @@ class WriteTransaction(Queries):
     async def set_stubbed_upto(self, conversation_id: str, seq: int) -> None:
         await self.conn.execute(
             "UPDATE conversations SET stubbed_upto = max(stubbed_upto, ?) WHERE id = ?", (seq, conversation_id)
+        )
+
+    async def set_last_sent(self, conversation_id: str, sent_json: str) -> None:
+        await self.conn.execute(
+            "INSERT INTO last_sent (conversation_id, sent_json, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(conversation_id) DO UPDATE SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
+            (conversation_id, sent_json, time.time()),
         )
 
     async def set_last_model(self, conversation_id: str, model: str) -> None:

@@ -72,7 +72,7 @@ async def chat_completions(request: Request) -> Response:
                 summarizer,
                 conversation_key=key,
                 model=body["model"],
-                tools_offered=state.calls_tools(target),
+                tools_offered=state.offers_recall_tools(target),
             )
             if prepared.messages is not body["messages"]:
                 body = {**body, "messages": prepared.messages}
@@ -155,9 +155,7 @@ async def _with_recall(
     return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
 
 
-async def _relay(
-    stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None
-) -> AsyncIterator[bytes]:
+async def _relay(stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None) -> AsyncIterator[bytes]:
     """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
     ``on_delta`` sees each choice's delta (to learn which models make structured tool calls)."""
     try:
