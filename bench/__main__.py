@@ -24,23 +24,26 @@ OWN_OPTIONS = {"fidelity"}  # benchmarks whose main() also takes ``argv``: the o
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, add_help=False)
     parser.add_argument(
         "names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)"
     )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for smoke tests)")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help (or a named benchmark's) and exit")
     args, extra = parser.parse_known_args()
     names = args.names or list(BENCHMARKS)
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (put a benchmark's own options after its name)")
-    takers = [name for name in names if name in OWN_OPTIONS]
+    takers = [name for name in args.names if name in OWN_OPTIONS]
+    if args.help:
+        if not takers:
+            parser.print_help()
+        for name in takers:
+            BENCHMARKS[name](quick=args.quick, argv=["--help"])
+        return
     if extra and not takers:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if "-h" in extra or "--help" in extra:
-        for name in takers:
-            BENCHMARKS[name](quick=args.quick, argv=extra)
-        return
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores,"
         f" Python {platform.python_version()}, {platform.system()}"

@@ -212,14 +212,14 @@ class ProxyUnderTest:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.scheduled = 0
         self.finished = 0
-        self._wrapped = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.loop = asyncio.get_running_loop()
         await self.app(scope, receive, send)
 
-    def _wrap(self) -> None:
-        """Count finished ``after_response`` calls (the background task a ``scheduled`` response starts)."""
+    def watch(self) -> None:
+        """Once the app has started: count finished ``after_response`` calls (the background task a
+        ``scheduled`` response starts)."""
         engine = self.app.state.lcm.engine
         original: Callable[..., Awaitable[Any]] = engine.after_response
 
@@ -232,12 +232,9 @@ class ProxyUnderTest:
                 self.finished += 1
 
         engine.after_response = after_response
-        self._wrapped = True
 
     def settle(self, response: httpx.Response) -> None:
         """Wait until the compaction this response started, and any other background work, is done."""
-        if not self._wrapped:
-            self._wrap()
         if response.headers.get("x-lcm-compaction") == "scheduled":
             self.scheduled += 1
         deadline = time.monotonic() + self.settle_timeout
@@ -352,6 +349,7 @@ def ask_through_proxy(
         config = proxy_config(upstream_url, tmp, settings.budget, settings.max_tokens, settings.window, settings.real)
         proxy = ProxyUnderTest(config, settle_timeout=3600 if settings.real else 120)
         with serve_in_thread(proxy) as url, httpx.Client(base_url=f"{url}/v1", timeout=3600) as client:
+            proxy.watch()
 
             def post(model: str, messages: list[Message]) -> httpx.Response:
                 body = {"model": model, "messages": messages, "max_tokens": settings.max_tokens, "temperature": 0}
@@ -661,7 +659,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every request")
     parser.add_argument("--window", type=int, default=8192, help="the model's context window (llama n_ctx)")
     parser.add_argument("--sizes", help="history sizes in tokens, comma-separated (fake: 20000,6000; real: 6000)")
-    parser.add_argument("--conversations", type=int, help="conversations per size (fake: 4, real: 3)")
+    parser.add_argument("--conversations", type=int, help="conversations per size (fake: 4, real: 2)")
     parser.add_argument("--n", type=int, help="facts (questions) per conversation (fake: 12 at 20k, 6 at 6k; real: 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first conversation")
     parser.add_argument("--real", action="store_true", help="judge with a real local model (llama.cpp)")
@@ -683,7 +681,7 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
     real = args.real or args.model is not None
     settings = Settings(budget=args.budget, max_tokens=args.max_tokens, window=args.window, real=real)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([6000] if real else [20000, 6000])
-    conversations = args.conversations or (1 if quick else 3 if real else 4)
+    conversations = args.conversations or (1 if quick else 2 if real else 4)
     start = time.perf_counter()
     if real:
         model = args.model or default_model_path()

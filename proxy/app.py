@@ -27,6 +27,7 @@ from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
+from proxy.priority import Priority
 from proxy.routing import ModelRouter, ResolvedModel
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
@@ -60,6 +61,7 @@ class AppState:
     recall: RecallTools = field(init=False)
     admin: AdminViews = field(init=False)
     tool_callers: set[str] = field(default_factory=set)  # model aliases seen making structured tool calls
+    priority: Priority = field(init=False)  # chat requests before background summaries on local servers
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
         """The model's input window and where it came from: model_info, else LiteLLM's map, else the default."""
@@ -113,7 +115,8 @@ class AppState:
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
         settings = self.config.lcm_settings
         target = self.router.resolve(settings.summary_model) if settings.summary_model else request_target
-        return UpstreamSummarizer(self.upstream, target, settings.summary_timeout, self.window_of(target)[0])
+        window = self.window_of(target)[0]
+        return UpstreamSummarizer(self.upstream, target, settings.summary_timeout, window, self.priority)
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -155,6 +158,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         state.files = FileStore(data_dir)
         state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
         state.recall = RecallTools(state.store, state.files)
+        state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)

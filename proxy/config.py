@@ -141,6 +141,9 @@ class LcmSettings(_Strict):
     # outside the forwarded context (for models that do not call the recall tools, i.e. most small ones).
     auto_recall: Literal["auto", "off"] = "auto"
     auto_recall_tokens: int | None = Field(default=None, ge=32)
+    # Background summaries give way to chat requests on the same upstream: auto = servers on this machine
+    # (loopback api_base, e.g. llama.cpp with one slot), always, or never.
+    background_yields: Literal["auto", "always", "never"] = "auto"
     max_tool_rounds: int = Field(default=6, ge=1, le=50)
     max_sweep_iterations: int = Field(default=24, ge=1)  # passes per sweep (each one summarizer call at most)
     sweep_deadline_seconds: float = Field(default=300.0, gt=0)

@@ -7,7 +7,10 @@ the summary model's own timeout, and an input cap: a 2 MB paste must not become 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from proxy.engine.summarize import IN_BACKGROUND
+from proxy.priority import Priority
 from proxy.routing import ResolvedModel
 from proxy.upstream import Upstream
 
@@ -32,12 +35,20 @@ def clip_middle(text: str, limit: int = MAX_INPUT_CHARS) -> str:
 class UpstreamSummarizer:
     """Implements the engine's ``Summarizer`` and ``TextSummarizer`` with one model of the model list."""
 
-    def __init__(self, upstream: Upstream, target: ResolvedModel, timeout: float, window: int | None = None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        target: ResolvedModel,
+        timeout: float,
+        window: int | None = None,
+        priority: Priority | None = None,
+    ) -> None:
         self.upstream = upstream
         self.target = target
         self.timeout = timeout
         self.model = target.alias
         self.window = window  # the summary model's input window: the engine fits every call into it
+        self.priority = priority  # background calls give way to chat requests on a single-slot local server
 
     async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
         body = {
@@ -46,10 +57,17 @@ class UpstreamSummarizer:
             "max_tokens": max_tokens,
             "temperature": temperature,
         }
-        result = await asyncio.wait_for(self.upstream.complete(self.target, body), self.timeout)
+        if self.priority is not None and IN_BACKGROUND.get():
+            key = self.priority.key(self.target)
+            result = await self.priority.background(key, lambda: self._call(body))
+        else:
+            result = await self._call(body)
         choices = result.get("choices") or [{}]
         content = (choices[0].get("message") or {}).get("content")
         return content if isinstance(content, str) else ""
+
+    async def _call(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.wait_for(self.upstream.complete(self.target, body), self.timeout)
 
     def _input_chars(self, max_tokens: int) -> int:
         """Characters of a document one call may carry: the window less the answer and the prompt, at a

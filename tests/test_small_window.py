@@ -62,7 +62,9 @@ def test_two_hundred_turns_through_a_2k_window_with_default_settings(
             transcript.append(user_turn(turn))
             for _round in range(3):
                 before = len(fake_upstream.requests)
-                response = client.post("/chat/completions", json={"model": "tiny", "messages": transcript, "tools": TOOLS})
+                response = client.post(
+                    "/chat/completions", json={"model": "tiny", "messages": transcript, "tools": TOOLS}
+                )
                 assert response.status_code == 200, (turn, response.text)
                 (sent,) = [r.body for r in fake_upstream.requests[before:] if not is_summary_request(r.body)]
                 checked += 1

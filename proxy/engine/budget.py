@@ -58,8 +58,10 @@ class Sizes:
 
     def chunk_for(self, excess: int) -> int:
         """Source tokens for the next leaf summary: enough to get ``excess`` tokens under the target once the
-        summary replaces them, not the whole history (that would forward far less than the budget allows)."""
-        return max(min(self.leaf_chunk, excess + self.leaf_target), min(self.leaf_chunk, self.context // 10))
+        summary replaces them, not the whole history (that would forward far less than the budget allows),
+        and never less than a third of the context: a summary of a few messages saves little (the facts it
+        keeps are verbatim) and costs a summarizer call all the same."""
+        return min(self.leaf_chunk, max(excess + self.leaf_target, self.context // 3))
 
 
 def _clamp(value: int, low: int, high: int) -> int:

@@ -43,6 +43,7 @@ from proxy.engine.summarize import (
     Guard,
     Summarizer,
     SummarizerUnavailable,
+    SummaryPreempted,
     SummaryText,
     condensed_prompt,
     leaf_prompt,
@@ -130,6 +131,7 @@ class SweepReport:
     unavailable: bool = False
     deadline_hit: bool = False
     conflict: bool = False  # another worker changed the context meanwhile; this sweep's work was dropped
+    preempted: bool = False  # a background summary gave way to a chat request; the rest waits for a later sweep
     tokens_before: int = 0
     tokens_after: int = 0
 
@@ -475,6 +477,8 @@ class Compactor:
                     continue
             except SummarizerUnavailable:
                 report.unavailable = True
+            except SummaryPreempted:
+                report.preempted = True
             break
         if not await self.commit(plan):
             report.conflict = True

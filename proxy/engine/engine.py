@@ -29,7 +29,7 @@ from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.render import content_text, render_summaries
-from proxy.engine.summarize import Guard, Summarizer
+from proxy.engine.summarize import IN_BACKGROUND, Guard, Summarizer
 from proxy.errors import ContextLengthExceeded
 from proxy.store.files import FileStore
 from proxy.store.records import ConversationRecord, SummaryRecord
@@ -294,6 +294,8 @@ class ContextEngine:
         count: int | None,
         kind: str,
     ) -> SweepReport:
+        if kind == "background":
+            IN_BACKGROUND.set(True)  # this task's own context: its summarizer calls may give way to requests
         try:
             report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count)
             log.info("%s compaction of %s: %s", kind, conversation_id, report)

@@ -13,6 +13,7 @@ replaced by a marker before the summary is accepted (a narrower filter than the 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import deque
@@ -40,6 +41,16 @@ class Summarizer(Protocol):
 
 class SummarizerUnavailable(Exception):
     """The summary model refused our credentials (or its breaker is open): write no summary."""
+
+
+class SummaryPreempted(Exception):
+    """A background summary gave way to a user's request on the same upstream: the sweep stops and keeps
+    what it finished (``proxy.priority``)."""
+
+
+# Set while a compaction runs in the background (not while a request waits for it): its summarizer calls
+# may then give way to chat requests (``proxy.priority``).
+IN_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("lcm_background", default=False)
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,9 @@ async def summarize(
                 ),
                 timeout,
             )
+        except SummaryPreempted:
+            log.info("%s summary of %s gave way to a chat request (%s)", kind, conversation_id, sizes)
+            raise
         except UpstreamError as error:
             if error.status in AUTH_STATUSES:
                 guard.trip(summarizer.model)

@@ -408,7 +408,8 @@ class WriteTransaction(Queries):
     async def set_last_sent(self, conversation_id: str, sent_json: str) -> None:
         await self.conn.execute(
             "INSERT INTO last_sent (conversation_id, sent_json, updated_at) VALUES (?, ?, ?)"
-            " ON CONFLICT(conversation_id) DO UPDATE SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
+            " ON CONFLICT(conversation_id) DO UPDATE"
+            " SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
             (conversation_id, sent_json, time.time()),
         )
 

@@ -8,6 +8,7 @@ OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
+from proxy.engine.engine import Prepared
 from proxy.engine.recall import clip_to_tokens
 from proxy.errors import InternalError, InvalidRequestError, ProxyError
 from proxy.routing import ResolvedModel
@@ -62,6 +64,8 @@ async def chat_completions(request: Request) -> Response:
         target = state.router.resolve(body["model"])
         key = _conversation_key(request)
         background: BackgroundTask | None = None
+        prepared: Prepared | None = None
+        summarizer: UpstreamSummarizer | None = None
         if state.config.lcm_settings.enabled:
             summarizer = state.summarizer_for(target)
             budget = state.budget_for(target, body)
@@ -87,39 +91,74 @@ async def chat_completions(request: Request) -> Response:
             headers["x-lcm-recalled"] = str(len(prepared.sent.recalled))
             if prepared.compaction == "scheduled":
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
-            # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so
-            # such requests are forwarded without the recall tools.
-            if prepared.recall and prepared.conversation_id is not None and body.get("n") in (None, 1):
-                return await _with_recall(
-                    state,
-                    tenant,
-                    prepared.conversation_id,
-                    target,
-                    body,
-                    summarizer,
-                    headers,
-                    background,
-                    prepared.room,
-                    prepared.transcript_length,
-                )
-        if body.get("stream"):
-            # Open the upstream stream before answering, so that an early upstream failure becomes a real
-            # HTTP status instead of an error event inside a 200.
-            stream = await state.upstream.open_stream(target, body)
-            return StreamingResponse(
-                _relay(stream, lambda delta: state.learn_tool_calls(target, delta)),
-                media_type="text/event-stream",
-                headers={**SSE_HEADERS, **headers},
-                background=background,
-            )
-        result = await state.upstream.complete(target, body)
-        for choice in result.get("choices") or []:
-            state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
-        return JSONResponse(result, headers=headers, background=background)
+        # From here the upstream is busy with a user's request: background summaries there give way to it.
+        leave = state.priority.enter(state.priority.key(target))
+        try:
+            return await _forward(state, target, body, headers, background, prepared, summarizer, tenant, leave)
+        except BaseException:
+            leave()
+            raise
     except ProxyError as error:
         # Once stored, the conversation exists whatever the upstream did: the client still learns its id
         # (and the token figures), so a retry or a look at /lcm/ can name it.
         return error_response(error, headers)
+
+
+async def _forward(
+    state: AppState,
+    target: ResolvedModel,
+    body: ChatBody,
+    headers: dict[str, str],
+    background: BackgroundTask | None,
+    prepared: Prepared | None,
+    summarizer: UpstreamSummarizer | None,
+    tenant: str,
+    leave: Callable[[], None],
+) -> Response:
+    """Send the request upstream (with the recall loop when offered); ``leave`` runs once the answer is done."""
+    # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so such
+    # requests are forwarded without the recall tools.
+    recall = prepared is not None and prepared.recall and prepared.conversation_id is not None
+    if recall and summarizer is not None and body.get("n") in (None, 1):
+        assert prepared is not None and prepared.conversation_id is not None
+        return await _with_recall(
+            state,
+            tenant,
+            prepared.conversation_id,
+            target,
+            body,
+            summarizer,
+            headers,
+            background,
+            prepared.room,
+            prepared.transcript_length,
+            leave,
+        )
+    if body.get("stream"):
+        # Open the upstream stream before answering, so that an early upstream failure becomes a real
+        # HTTP status instead of an error event inside a 200.
+        stream = await state.upstream.open_stream(target, body)
+        relay = _relay(stream, lambda delta: state.learn_tool_calls(target, delta), leave)
+        return _streaming(relay, headers, background, leave)
+    try:
+        result = await state.upstream.complete(target, body)
+    finally:
+        leave()
+    for choice in result.get("choices") or []:
+        state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
+    return JSONResponse(result, headers=headers, background=background)
+
+
+def _streaming(
+    chunks: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None, leave: Callable[[], None]
+) -> StreamingResponse:
+    response = StreamingResponse(
+        chunks, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
+    )
+    # The relay ends the request's turn when it finishes; should it never start (the client left before the
+    # first byte), the response's collection does.
+    weakref.finalize(response, leave)
+    return response
 
 
 async def _with_recall(
@@ -133,6 +172,7 @@ async def _with_recall(
     background: BackgroundTask | None,
     room: int,
     transcript_length: int,
+    leave: Callable[[], None],
 ) -> Response:
     """Offer the recall tools and run the tool loop (the client sees one ordinary answer)."""
     window = state.budget_for(target, body)
@@ -149,15 +189,19 @@ async def _with_recall(
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunks = await loop.open_stream(offered, client_tools, include_usage)
-        return StreamingResponse(
-            _relay(chunks), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
-        )
-    return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
+        return _streaming(_relay(chunks, None, leave), headers, background, leave)
+    try:
+        return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
+    finally:
+        leave()
 
 
-async def _relay(stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None) -> AsyncIterator[bytes]:
+async def _relay(
+    stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None, leave: Callable[[], None] | None = None
+) -> AsyncIterator[bytes]:
     """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
-    ``on_delta`` sees each choice's delta (to learn which models make structured tool calls)."""
+    ``on_delta`` sees each choice's delta (to learn which models make structured tool calls); ``leave`` runs
+    when the stream is over, however it ends."""
     try:
         async for chunk in stream:
             if on_delta is not None:
@@ -171,6 +215,9 @@ async def _relay(stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] |
         log.exception("unexpected error while streaming")
         yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
         return
+    finally:
+        if leave is not None:
+            leave()
     yield DONE
 
 

@@ -1,0 +1,102 @@
+"""Users first: background summaries give way to chat requests on the same upstream.
+
+A local model server (llama.cpp, Ollama) usually has one slot: a background summary started just before the
+user's next turn makes that turn wait for the whole summary (a measured turn waited 121 s). For such an
+upstream, a background summarizer call starts only while no chat request to it is in flight, and a chat
+request that arrives cancels the background calls running there (closing the connection makes llama.cpp
+stop generating); the sweep stops there, keeps what it finished, and is scheduled again by a later request.
+
+Which upstreams yield is ``lcm_settings.background_yields``: ``auto`` (servers on this machine: loopback
+``api_base``), ``always`` or ``never``. Keys are the deployment's ``api_base`` (one server, one queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from proxy.engine.summarize import SummaryPreempted
+from proxy.routing import ResolvedModel
+
+T = TypeVar("T")
+
+
+def is_local(api_base: str | None) -> bool:
+    if not api_base:
+        return False
+    host = urlsplit(api_base).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Priority:
+    def __init__(self, mode: str = "auto") -> None:
+        self.mode = mode
+        self._busy: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._running: dict[str, set[asyncio.Task[Any]]] = {}
+
+    def key(self, target: ResolvedModel) -> str | None:
+        """The queue a deployment's requests share, or None when its background work need not yield."""
+        api_base = target.litellm_params.get("api_base")
+        if self.mode == "never" or (self.mode == "auto" and not is_local(api_base)):
+            return None
+        return str(api_base or target.upstream_model)
+
+    def _event(self, key: str) -> asyncio.Event:
+        if key not in self._idle:
+            self._idle[key] = asyncio.Event()
+            self._idle[key].set()
+        return self._idle[key]
+
+    def enter(self, key: str | None) -> Callable[[], None]:
+        """A chat request to ``key`` starts: background calls there are cancelled and new ones wait. Returns
+        the function to call when the request (its whole stream) is done."""
+        if key is None:
+            return lambda: None
+        self._busy[key] = self._busy.get(key, 0) + 1
+        self._event(key).clear()
+        for task in self._running.get(key, set()):
+            task.cancel()
+        done = False
+
+        def leave() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self._busy[key] -= 1
+            if self._busy[key] == 0:
+                self._event(key).set()
+
+        return leave
+
+    async def background(self, key: str | None, call: Callable[[], Awaitable[T]]) -> T:
+        """Run ``call`` when no chat request to ``key`` is in flight; ``SummaryPreempted`` if one arrives."""
+        if key is None:
+            return await call()
+        await self._event(key).wait()
+
+        async def run() -> T:
+            return await call()
+
+        task = asyncio.create_task(run())
+        running = self._running.setdefault(key, set())
+        running.add(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise SummaryPreempted("a chat request to the same upstream arrived") from None
+            task.cancel()  # this caller was cancelled (shutdown): the call goes too
+            raise
+        finally:
+            running.discard(task)
