@@ -98,8 +98,17 @@ def test_summarizer_down_evicts_and_still_answers(
     assert response.headers["x-lcm-compaction"] == "evicted"
     sent = chat_requests(fake_upstream)[-1]
     assert forwarded_tokens(sent) + 400 <= 8000
-    assert sent["messages"][-1] == history[-1]
+    assert without_recall(sent["messages"][-1]) == history[-1]
     check_tool_pairing(sent["messages"])
+    # What did not fit is reported as such (headers, admin view), not listed as if it had been sent.
+    evicted = int(response.headers["x-lcm-evicted"])
+    context = httpx.get(f"{proxy.url}/lcm/conversations/{response.headers['x-lcm-conversation-id']}/context").json()
+    assert evicted > 0 and len(context["evicted"]) == evicted
+    first_sent = min(i["seq"] for i in context["items"] if i["sent"])
+    assert sent["messages"][1] == history[1 + first_sent]  # after the instructions, no summaries: raw from there
+    assert context["tokens"] < context["stored_tokens"]
+    assert '<recalled_history source="lcm-proxy"' in sent["messages"][-1]["content"]  # what left comes back
+    assert int(response.headers["x-lcm-recalled"]) > 0
 
 
 def test_a_large_tail_shrinks_and_only_the_newest_message_must_fit(

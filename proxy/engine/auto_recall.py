@@ -59,6 +59,7 @@ SENTENCE_FLOOR = 0.5  # likewise for the sentences of one long message
 IDENTIFIER_BONUS = 2.0
 NAME_BONUS = 1.0
 LONG_WORD_BONUS = 0.5  # words of LONG_WORD letters or more
+EXACT_FORM_BONUS = 0.5  # a word in the form the user wrote it, beyond its stem's prefix match
 LONG_WORD = 8
 
 HEADER = (
@@ -198,6 +199,9 @@ def query_terms(query: str) -> list[Term]:
                 continue
             prefix = folded.isalpha() and len(stem) >= _PREFIX_MIN
             add((stem,), prefix, weight, position)
+            if prefix and folded != stem:
+                # The word as written counts too, and more: "units" must not drown among "unit tests".
+                add((folded,), False, weight + EXACT_FORM_BONUS, position)
     ordered = sorted(found.items(), key=lambda item: (-item[1][0], item[1][1]))
     return [Term(parts, prefix, weight) for (parts, prefix), (weight, _) in ordered[:MAX_TERMS]]
 

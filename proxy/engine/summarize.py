@@ -124,6 +124,32 @@ class Guard:
         return True
 
 
+def echoes(answer: str) -> bool:
+    """Whether ``answer`` repeats its input instead of summarising it: it opens with the input's framing.
+    (Copying a sentence of the transcript is what a good extractive summary does, so that alone is no sign.)"""
+    return answer.lstrip().startswith(FRAMING)
+
+
+FRAMING = ("<previous_notes>", "<conversation>", "<notes>")
+
+
+def clip_lines(text: str, cap: int) -> str:
+    """``text`` cut to its first lines that fit ``cap`` tokens (a single long line is cut by characters)."""
+    if tokens.count_text(text) <= cap:
+        return text
+    kept: list[str] = []
+    used = 0
+    for line in text.split("\n"):
+        cost = tokens.count_text(line) + 1
+        if used + cost > cap:
+            if not kept:
+                kept.append(line[: cap * 3])
+            break
+        kept.append(line)
+        used += cost
+    return "\n".join(kept).strip()
+
+
 async def summarize(
     summarizer: Summarizer | None,
     guard: Guard,
@@ -172,9 +198,11 @@ async def summarize(
             log.warning("%s summary of %s failed: %s (%s)", kind, conversation_id, type(error).__name__, sizes)
             return None
         content = remove_instruction_overrides(clean_generation(strip_reasoning(answer or "")))
+        # An answer longer than asked for (a model that ignores max_tokens, or echoes its input) keeps its first
+        # lines within the cap; one that is not smaller than its source is no summary at all.
+        content = clip_lines(content, max_tokens * 3 // 2 + 16)
         size = tokens.count_text(content)
-        # Not smaller than its source, or far longer than asked for (an echo of the input): not a summary.
-        if content and size < source_tokens and size <= max_tokens * 3 // 2 + 16:
+        if content and size < source_tokens and not echoes(content):
             return SummaryText(content, level, summarizer.model)
         log.warning(
             "%s summary of %s: unusable answer at level %d (%d tokens; %s)",
