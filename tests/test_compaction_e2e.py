@@ -107,8 +107,6 @@ def test_summarizer_down_evicts_and_still_answers(
     first_sent = min(i["seq"] for i in context["items"] if i["sent"])
     assert sent["messages"][1] == history[1 + first_sent]  # after the instructions, no summaries: raw from there
     assert context["tokens"] < context["stored_tokens"]
-    assert '<recalled_history source="lcm-proxy"' in sent["messages"][-1]["content"]  # what left comes back
-    assert int(response.headers["x-lcm-recalled"]) > 0
 
 
 def test_a_large_tail_shrinks_and_only_the_newest_message_must_fit(
