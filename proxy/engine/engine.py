@@ -26,7 +26,7 @@ from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix, summary_tokens
 from proxy.engine.explore import TextSummarizer
-from proxy.engine.ingest import Ingestor, Thresholds
+from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.render import content_text, render_summaries
 from proxy.engine.summarize import IN_BACKGROUND, Guard, Summarizer
@@ -93,6 +93,39 @@ class Prepared:
     sizes: Sizes | None = None
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What ``begin`` learnt about a request, for ``finish``."""
+
+    tenant: str
+    messages: Messages
+    ingested: IngestResult
+    instructions: Messages
+    instruction_tokens: int
+    limit: int
+    sizes: Sizes
+    conversation: ConversationRecord
+    count: int
+    view: View
+    tools_offered: bool
+
+
+@dataclass
+class Preparation:
+    """A request between ``begin`` and ``finish``: ``compacting`` is the inline compaction it waits for."""
+
+    engine: ContextEngine
+    request: _Request | None = None
+    compacting: asyncio.Task[SweepReport] | None = None
+    done: Prepared | None = None
+
+    async def finish(self) -> Prepared:
+        if self.done is None:
+            assert self.request is not None
+            self.done = await self.engine._finish(self.request, self.compacting)
+        return self.done
+
+
 class ContextEngine:
     def __init__(self, store: SQLiteStore, files: FileStore, settings: LcmSettings) -> None:
         self.store = store
@@ -116,7 +149,32 @@ class ContextEngine:
         model: str | None = None,
         tools_offered: bool = False,
     ) -> Prepared:
-        instructions, transcript = split_instructions(messages)
+        started = await self.begin(
+            tenant,
+            messages,
+            request_budget,
+            summarizer,
+            conversation_key=conversation_key,
+            model=model,
+            tools_offered=tools_offered,
+        )
+        return await started.finish()
+
+    async def begin(
+        self,
+        tenant: str,
+        messages: Messages,
+        request_budget: Budget,
+        summarizer: RequestSummarizer | None,
+        *,
+        conversation_key: str | None = None,
+        model: str | None = None,
+        tools_offered: bool = False,
+    ) -> Preparation:
+        """The fast half of ``prepare``: ingest, the refusal check, and the start of an inline compaction when
+        one is needed (``Preparation.compacting``); ``finish`` waits for it and assembles. A streamed request
+        can send its headers in between."""
+        instructions, _ = split_instructions(messages)
         instruction_tokens = tokens.count_messages(instructions) if instructions else 0
         limit = request_budget.for_messages(instruction_tokens)
         sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None))
@@ -129,24 +187,39 @@ class ContextEngine:
             thresholds=Thresholds(sizes.large_file, sizes.tool_result),
         )
         if ingested.conversation_id is None:
-            return Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
-        transcript = ingested.messages[len(instructions) :]  # huge payloads already stubbed
+            done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
+            return Preparation(self, done=done)
         if ingested.forked_from is not None:
             await self._share_parent_compaction(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(tenant, ingested.conversation_id)
-        count = len(transcript)
+        count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count)
         required = sum(view.costs[view.newest_user - view.upto :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
             raise self._too_large(required, limit, request_budget, instruction_tokens)
-        current = view.tokens
+        request = _Request(
+            tenant, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
+            tools_offered,
+        )  # fmt: skip
+        if view.tokens > sizes.context:
+            task = self._background.get(conversation.id)
+            if task is None or task.done():
+                task = self._start(conversation.id, summarizer, sizes, count, "inline")
+            return Preparation(self, request, compacting=task)
+        return Preparation(self, request)
+
+    async def _finish(self, request: _Request, compacting: asyncio.Task[SweepReport] | None) -> Prepared:
+        ingested, instructions, instruction_tokens = request.ingested, request.instructions, request.instruction_tokens
+        limit, sizes, count, view = request.limit, request.sizes, request.count, request.view
+        conversation, tools_offered, messages = request.conversation, request.tools_offered, request.messages
+        transcript = ingested.messages[len(instructions) :]  # huge payloads already stubbed
         compaction: Compaction = "none"
-        if current > sizes.context:
-            compaction = await self._compact_inline(conversation.id, summarizer, sizes, count)
-            conversation = await self._conversation(tenant, conversation.id)
+        if compacting is not None:
+            compaction = await self._wait_inline(conversation.id, compacting)
+            conversation = await self._conversation(request.tenant, conversation.id)
             view = await self._view(conversation, count)
-        elif current > sizes.soft:
+        elif view.tokens > sizes.soft:
             compaction = "scheduled"
         stubbed = min(conversation.stubbed_upto, count)
         patches = await self.store.read.patches(conversation.id, view.upto, stubbed)
@@ -164,7 +237,7 @@ class ContextEngine:
         except TooLarge:
             assembly = fit(view.summaries, view.upto, view.roles, view.costs, limit)  # the recall reserve gives way
         if assembly.evicted or assembly.first_raw > view.upto:
-            compaction = "evicted"
+            compaction = "deferred" if compaction == "deferred" else "evicted"
             log.info(
                 "%s: %d summaries and %d messages left the forwarded view to fit %d tokens",
                 conversation.id,
@@ -255,15 +328,9 @@ class ContextEngine:
             param="messages",
         )
 
-    async def _compact_inline(
-        self, conversation_id: str, summarizer: RequestSummarizer | None, sizes: Sizes, count: int
-    ) -> Compaction:
-        """Compact before answering, for at most ``inline_compaction_seconds``; past that the compaction goes
-        on in the background and this request is answered from what fits. A compaction of this conversation
-        that is already running is waited for, not duplicated."""
-        task = self._background.get(conversation_id)
-        if task is None or task.done():
-            task = self._start(conversation_id, summarizer, sizes, count, "inline")
+    async def _wait_inline(self, conversation_id: str, task: asyncio.Task[SweepReport]) -> Compaction:
+        """Wait for the compaction this request needs, for at most ``inline_compaction_seconds``; past that it
+        goes on in the background and the request is answered from what fits."""
         done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
         if not done:
             log.warning(

@@ -7,6 +7,7 @@ OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
-from proxy.engine.engine import Prepared
+from proxy.engine.engine import Preparation, Prepared
 from proxy.engine.recall import clip_to_tokens
 from proxy.errors import InternalError, InvalidRequestError, ProxyError
 from proxy.routing import ResolvedModel
@@ -69,7 +70,7 @@ async def chat_completions(request: Request) -> Response:
         if state.config.lcm_settings.enabled:
             summarizer = state.summarizer_for(target)
             budget = state.budget_for(target, body)
-            prepared = await state.engine.prepare(
+            started = await state.engine.begin(
                 tenant,
                 body["messages"],
                 budget,
@@ -78,6 +79,16 @@ async def chat_completions(request: Request) -> Response:
                 model=body["model"],
                 tools_offered=state.offers_recall_tools(target),
             )
+            if started.compacting is not None and body.get("stream") and started.request is not None:
+                # A streamed request gets its headers at once, and keep-alive comments while it waits.
+                headers[CONVERSATION_HEADER] = started.request.conversation.id
+                headers["x-lcm-compaction"] = "inline"
+                return StreamingResponse(
+                    _after_compaction(state, target, body, started, summarizer, tenant),
+                    media_type="text/event-stream",
+                    headers={**SSE_HEADERS, **headers},
+                )
+            prepared = await started.finish()
             if prepared.messages is not body["messages"]:
                 body = {**body, "messages": prepared.messages}
             if prepared.conversation_id is not None:
@@ -102,6 +113,44 @@ async def chat_completions(request: Request) -> Response:
         # Once stored, the conversation exists whatever the upstream did: the client still learns its id
         # (and the token figures), so a retry or a look at /lcm/ can name it.
         return error_response(error, headers)
+
+
+KEEPALIVE_SECONDS = 5.0
+
+
+async def _after_compaction(
+    state: AppState,
+    target: ResolvedModel,
+    body: ChatBody,
+    started: Preparation,
+    summarizer: UpstreamSummarizer,
+    tenant: str,
+) -> AsyncIterator[bytes]:
+    """The body of a streamed response whose headers went out before its inline compaction finished: SSE
+    comments (ignored by clients) until the context is assembled, then the upstream's stream."""
+    finishing = asyncio.ensure_future(started.finish())
+    try:
+        while not (await asyncio.wait({finishing}, timeout=KEEPALIVE_SECONDS))[0]:
+            yield b": lcm-proxy is compacting this conversation\n\n"
+        prepared = finishing.result()
+        if prepared.messages is not body["messages"]:
+            body = {**body, "messages": prepared.messages}
+        leave = state.priority.enter(state.priority.key(target))
+        try:
+            response = await _forward(state, target, body, {}, None, prepared, summarizer, tenant, leave)
+        except BaseException:
+            leave()
+            raise
+        assert isinstance(response, StreamingResponse)
+        async for chunk in response.body_iterator:
+            yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+    except ProxyError as error:
+        yield sse_event(error.to_json())
+    except Exception:
+        log.exception("unexpected error after an inline compaction")
+        yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
+    finally:
+        finishing.cancel()  # the compaction itself goes on in the background
 
 
 async def _forward(
