@@ -94,7 +94,7 @@ LCM_SETTINGS = {
     "context_threshold": 0.85,  # close to the budget: some requests find it exceeded (inline compaction)
     "fresh_tail_count": 8,
     "leaf_chunk_tokens": 800,
-    "leaf_target_tokens": 120,
+    "leaf_target_tokens": 250,  # summaries that outgrow their room: condensed passes run under load too
     "condensed_target_tokens": 200,
     "leaf_min_fanout": 3,
     "condensed_min_fanout": 2,

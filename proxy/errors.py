@@ -8,7 +8,7 @@ the code base needs to know those libraries' exception types.
     ProxyError                       any error reported to a client
     ├── InternalError                500: a bug in the proxy; never retried by SDKs
     ├── InvalidRequestError          400: the request is malformed; ``param`` names the culprit
-    │   └── ContextLengthExceeded    400: even the protected fresh tail does not fit the model
+    │   └── ContextLengthExceeded    400: the newest user message and what follows do not fit the model
     ├── AuthenticationError          401: missing or unknown proxy API key
     ├── NotFoundError                404: unknown model, conversation, summary or file
     ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``

@@ -6,8 +6,9 @@ instructions are subtracted by the engine, which knows where they end). ``sizes`
 - the **recall block** (auto-recall excerpts before the newest user message) keeps a reserve;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
 - above ``soft`` a compaction is scheduled after the response; it summarises the oldest raw messages only
-  until the context is back under ``target``, so the forwarded context keeps using the budget instead of
-  collapsing to the fresh tail;
+  until the context is back under ``target`` (a fifth of the context below ``soft``), so the forwarded
+  context keeps using the budget instead of collapsing to the fresh tail, while the assembled prefix still
+  changes only once every few turns (prompt caches, llama.cpp's KV cache);
 - the **fresh tail** protected from compaction is at most ``fresh_tail_count`` messages *and* at most
   ``tail_tokens``: a long tail shrinks before anything fails. Only the newest user message and what follows
   it must be forwarded raw.

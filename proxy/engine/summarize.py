@@ -1,13 +1,15 @@
 """Summarizer calls with escalation, a circuit breaker and a rate cap: compaction can never get stuck.
 
-Escalation per summary: the normal prompt; if the answer is empty, reasoning-only or not smaller than its
-input, the aggressive prompt; if that fails too (or the call errors or times out), a deterministic
-truncation. An authentication failure is different: a fallback written because of a bad key would
-replace good history with a crude truncation for ever, so it writes nothing, opens the breaker for the
-summary model, and the caller falls back to non-destructive measures (stubs, eviction from the view).
+Escalation per summary: the normal prompt; if the answer is empty, reasoning-only, an echo of the input or not
+smaller than its source, the aggressive prompt; if that fails too (or the call errors or times out) the caller
+writes its extractive fallback (``proxy.engine.facts``). An answer longer than asked for keeps its first
+lines, and loops are cut (``clean_generation``). An authentication failure is different: a fallback written
+because of a bad key would replace the model's summaries for ever, so it writes nothing, opens the breaker
+for the summary model, and the caller falls back to non-destructive measures (stubs, eviction from the view).
+Every failure is logged with its cause and sizes, never with content.
 
 What the summary model writes is untrusted too: sentences that try to override the reader's instructions are
-replaced by a marker before the summary is accepted (a narrower filter than the fallback's, see below).
+replaced by a marker before the summary is accepted.
 """
 
 from __future__ import annotations
