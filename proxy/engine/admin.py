@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from proxy.engine import tokens
-from proxy.engine.compaction import view_message
 from proxy.engine.engine import ContextEngine
+from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
 from proxy.engine.summarize import Summarizer

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.engine.compaction import summary_tokens
+from proxy.engine.render import summary_tokens
 from proxy.store.records import SummaryRecord
 from proxy.types import Message, Messages
 

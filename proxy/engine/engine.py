@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 
@@ -24,15 +24,16 @@ from proxy.engine import auto_recall, budget, tokens
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, newest_user, prepend_text
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
-from proxy.engine.compaction import Compactor, SweepReport, covering_prefix, summary_tokens
+from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
+from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import content_text, render_summaries
 from proxy.engine.summarize import IN_BACKGROUND, Guard, Summarizer
 from proxy.errors import ContextLengthExceeded
 from proxy.store.files import FileStore
-from proxy.store.records import ConversationRecord, SummaryRecord
+from proxy.store.records import ConversationRecord
 from proxy.store.sqlite import SQLiteStore
 from proxy.types import Message, Messages
 
@@ -41,56 +42,9 @@ __all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
 log = logging.getLogger("lcm_proxy.engine")
 RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
 
-# none: nothing done; scheduled: a background compaction follows the response; inline: compacted first;
-# deferred: the inline compaction ran past its deadline and goes on in the background; evicted: material
-# left the forwarded view to fit.
-Compaction = Literal["none", "scheduled", "inline", "deferred", "evicted"]
-
 
 class RequestSummarizer(Summarizer, TextSummarizer, Protocol):
     """What the engine needs from the request's summary model (implemented by the wire side)."""
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What one request forwarded, for headers and the admin views."""
-
-    summaries: tuple[str, ...] = ()
-    evicted: tuple[str, ...] = ()
-    first_raw: int = 0
-    dropped: int = 0  # raw messages before first_raw that were neither summarised nor forwarded
-    recalled: tuple[int, ...] = ()  # message ids quoted by auto-recall
-    tokens: int = 0
-
-
-@dataclass(frozen=True)
-class View:
-    """The stored context of a request's first ``count`` messages: summaries, then raw ``[upto, count)``."""
-
-    summaries: list[SummaryRecord]
-    upto: int
-    roles: list[str]
-    costs: list[int]
-    newest_user: int  # seq of the newest user message: it and what follows must be forwarded raw
-
-    @property
-    def tokens(self) -> int:
-        return summary_tokens(self.summaries) + sum(self.costs)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    conversation_id: str | None
-    messages: Messages
-    tokens_sent: int
-    tokens_forwarded: int
-    compaction: Compaction
-    budget: int
-    recall: bool = False  # offer the recall tools with this request
-    room: int = 0  # tokens still free for messages after the assembled context (the recall loop's budget)
-    transcript_length: int = 0  # messages of the request after its instructions: what its recall may see
-    sent: Sent = field(default_factory=Sent)
-    sizes: Sizes | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.engine import patterns, tokens
-from proxy.engine.compaction import view_message
+from proxy.engine.plan import view_message
 from proxy.engine.render import neutralise_summary_tags, render_message, timestamp
 from proxy.engine.summarize import Summarizer
 from proxy.store.files import FileStore, UnsafePathError

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.engine import tokens
 from proxy.engine.explore import redact_secrets
 from proxy.store.records import SummaryRecord
 from proxy.types import Message
@@ -114,3 +115,8 @@ def render_summaries(summaries: Sequence[SummaryRecord]) -> Message:
     """All summaries as one user message: chat templates that require strict user/assistant alternation
     (Gemma, older Mistral) accept one message where a run of them would be refused."""
     return {"role": "user", "content": "\n".join(summary_block(s) for s in summaries)}
+
+
+def summary_tokens(summaries: Sequence[SummaryRecord]) -> int:
+    """What the summaries cost in the assembled context (one message, see ``render_summaries``)."""
+    return tokens.count_message(render_summaries(summaries)) if summaries else 0

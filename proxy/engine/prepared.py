@@ -1,0 +1,58 @@
+"""What ``prepare`` hands the wire layer: the messages to forward, and what was sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proxy.engine.budget import Sizes
+from proxy.engine.render import summary_tokens
+from proxy.store.records import SummaryRecord
+from proxy.types import Messages
+
+# none: nothing done; scheduled: a background compaction follows the response; inline: compacted first;
+# deferred: the inline compaction ran past its deadline and goes on in the background; evicted: material
+# left the forwarded view to fit.
+Compaction = Literal["none", "scheduled", "inline", "deferred", "evicted"]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one request forwarded, for headers and the admin views."""
+
+    summaries: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    first_raw: int = 0
+    dropped: int = 0  # raw messages before first_raw that were neither summarised nor forwarded
+    recalled: tuple[int, ...] = ()  # message ids quoted by auto-recall
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class View:
+    """The stored context of a request's first ``count`` messages: summaries, then raw ``[upto, count)``."""
+
+    summaries: list[SummaryRecord]
+    upto: int
+    roles: list[str]
+    costs: list[int]
+    newest_user: int  # seq of the newest user message: it and what follows must be forwarded raw
+
+    @property
+    def tokens(self) -> int:
+        return summary_tokens(self.summaries) + sum(self.costs)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    conversation_id: str | None
+    messages: Messages
+    tokens_sent: int
+    tokens_forwarded: int
+    compaction: Compaction
+    budget: int
+    recall: bool = False  # offer the recall tools with this request
+    room: int = 0  # tokens still free for messages after the assembled context (the recall loop's budget)
+    transcript_length: int = 0  # messages of the request after its instructions: what its recall may see
+    sent: Sent = field(default_factory=Sent)
+    sizes: Sizes | None = None
