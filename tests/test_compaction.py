@@ -235,6 +235,50 @@ def test_zero_cost_below_threshold(tmp_path: Path) -> None:
     run(scenario())
 
 
+class Held(Scripted):
+    """A summarizer whose calls wait until the test lets them go (a slow local model)."""
+
+    def __init__(self) -> None:
+        super().__init__("ok")
+        self.release = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+        self.waiting.set()
+        await self.release.wait()
+        return await super().complete(system=system, user=user, max_tokens=max_tokens, temperature=temperature)
+
+
+def test_a_fork_waits_for_its_parents_running_compaction_and_reuses_it(tmp_path: Path) -> None:
+    """A fork made while its parent is being compacted used to start a compaction of its own over the same
+    prefix; now it waits for the parent's and takes its summaries of the shared prefix."""
+
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        summarizer = Held()
+        transcript = long_turns(18)  # over the soft threshold of this budget, under its limit
+        budget = Budget(window=3000, output_reserve=300, tools=0)
+        first = await engine.prepare("t", transcript, budget, summarizer)
+        assert first.compaction == "scheduled"
+        assert await engine.after_response(first, summarizer)
+        await summarizer.waiting.wait()  # the parent's compaction is running, its summary held
+        edited = [*transcript[:-1], user("a different last question")]
+        fork = asyncio.create_task(engine.prepare("t", edited, budget, summarizer))
+        summarizer.release.set()
+        forked = await fork
+        await engine.wait_idle()
+        assert forked.conversation_id != first.conversation_id
+        parent = {s.id for s in await store.read.context_summaries(first.conversation_id or "")}
+        shared = await store.read.context_summaries(forked.conversation_id or "")
+        assert parent and shared and {s.id for s in shared} <= parent  # the parent's summaries, not new ones
+        assert forked.sent.summaries and set(forked.sent.summaries) <= parent
+        # Only the parent's sweep wrote summaries: the fork summarised nothing of the shared prefix.
+        assert all(s.conversation_id == first.conversation_id for s in shared)
+        await store.close()
+
+    run(scenario())
+
+
 def test_fork_shares_summaries_of_the_common_prefix(tmp_path: Path) -> None:
     async def scenario() -> None:
         engine, store, files = await open_context_engine(tmp_path)
@@ -353,3 +397,27 @@ def test_fallbacks_do_not_copy_the_previous_summary_forward(tmp_path: Path) -> N
         await store.close()
 
     run(scenario())
+
+
+def test_every_summarizer_failure_is_logged_with_its_cause_and_sizes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A summarizer 400 or timeout used to show up only as ``fallbacks=1``."""
+
+    class TooLong(Scripted):
+        async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
+            raise UpstreamError("request (17169 tokens) exceeds the available context size (8192 tokens)", status=400)
+
+    async def scenario() -> None:
+        engine, store, _ = await open_context_engine(tmp_path)
+        prepared = await engine.prepare("t", long_turns(12), BIG, TooLong())
+        with caplog.at_level("WARNING", logger="lcm_proxy.compaction"):
+            report = await engine.compactor.sweep(prepared.conversation_id or "", TooLong())
+        assert report.fallbacks >= 1
+        await store.close()
+
+    run(scenario())
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failures and all("HTTP 400" in m and "exceeds the available context size" in m for m in failures)
+    assert all("source " in m and "max_tokens " in m and "model summary-model" in m for m in failures)
+    assert not any("Question 0" in m for m in failures)  # sizes, never content

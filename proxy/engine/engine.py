@@ -15,7 +15,7 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -92,27 +92,9 @@ class ContextEngine:
         self._background: dict[str, asyncio.Task[SweepReport]] = {}
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
-    async def prepare(
-        self,
-        tenant: str,
-        messages: Messages,
-        request_budget: Budget,
-        summarizer: RequestSummarizer | None,
-        *,
-        conversation_key: str | None = None,
-        model: str | None = None,
-        tools_offered: bool = False,
-    ) -> Prepared:
-        started = await self.begin(
-            tenant,
-            messages,
-            request_budget,
-            summarizer,
-            conversation_key=conversation_key,
-            model=model,
-            tools_offered=tools_offered,
-        )
-        return await started.finish()
+    async def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
+        """``begin`` (same arguments) then ``finish``: the request's messages, ready to forward."""
+        return await (await self.begin(*args, **kwargs)).finish()
 
     async def begin(
         self,
@@ -330,12 +312,12 @@ class ContextEngine:
 
     async def _share_parent_compaction(self, fork_id: str, parent_id: str) -> None:
         """A fork made while its parent's compaction runs waits for it (within the inline deadline) and takes
-        the summaries of the shared prefix, instead of summarising the same messages again."""
+        the summaries of the shared prefix, instead of summarising the same messages again. (A compaction
+        that finished between the fork's creation and now is taken the same way.)"""
         task = self._background.get(parent_id)
-        if task is None or task.done():
-            return
-        done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
-        if not done:
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
+        if await self.store.read.context_summaries(fork_id):
             return
         async with self.store.write() as tx:
             fork = await tx.conversation(None, fork_id)
