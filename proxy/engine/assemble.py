@@ -8,8 +8,9 @@ leaves the *forwarded* view (never the store), oldest first, in this order:
    results), so the tail shrinks before anything fails;
 2. summaries, oldest first (compaction condenses them to fit their room before it comes to this).
 
-The newest user message and everything after it are never dropped: when they alone exceed the limit the
-request is refused (``TooLarge``). What was dropped is reported, and auto-recall can bring it back.
+The newest user message and everything after it are never dropped (``required_start``; in an agent's long
+run of tool rounds, only the newest exchange), and when even that exceeds the limit the request is refused
+(``TooLarge``). What was dropped is reported, and auto-recall can bring it back.
 """
 
 from __future__ import annotations
@@ -37,13 +38,25 @@ class TooLarge(Exception):
         self.needed = needed
 
 
-def newest_user(roles: Sequence[str], offset: int, count: int) -> int:
-    """Seq of the newest user message (of ``roles``, which cover ``[offset, count)``); the last message when
-    there is none."""
+def newest_exchange(roles: Sequence[str], offset: int, count: int) -> int:
+    """Seq of the newest exchange: the last message, moved back over tool results to their assistant call."""
     seq = count - 1
-    while seq > offset and roles[seq - offset] != "user":
+    while seq > offset and roles[seq - offset] in ("tool", "function"):
         seq -= 1
-    return seq if seq >= offset and roles[seq - offset] == "user" else max(offset, count - 1)
+    return max(offset, seq)
+
+
+def required_start(roles: Sequence[str], costs: Sequence[int], offset: int, count: int, limit: int) -> int:
+    """First seq that must be forwarded raw (``roles``/``costs`` cover ``[offset, count)``): the newest user
+    message and what follows it, when that fits ``limit``; otherwise (an agent's long run of tool rounds after
+    one instruction, or a transcript with no user message) only the newest exchange, so that the older
+    rounds, the instruction with them, can be summarised instead of refused."""
+    newest = count - 1
+    while newest > offset and roles[newest - offset] != "user":
+        newest -= 1
+    if newest >= offset and roles[newest - offset] == "user" and sum(costs[newest - offset :]) <= limit:
+        return newest
+    return newest_exchange(roles, offset, count)
 
 
 def fit(
@@ -51,7 +64,7 @@ def fit(
 ) -> Assembly:
     """Fit ``summaries`` + raw messages ``[upto, upto + len(costs))`` into ``limit`` tokens."""
     count = upto + len(costs)
-    required = newest_user(roles, upto, count) if costs else count
+    required = required_start(roles, costs, upto, count, limit) if costs else count
     raw = sum(costs)
     if sum(costs[required - upto :]) > limit:
         raise TooLarge(sum(costs[required - upto :]))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from proxy.config import LcmSettings
 from proxy.engine import budget
+from proxy.engine.assemble import required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
 from proxy.engine.passes import SummaryWriter
 from proxy.engine.plan import Plan
@@ -38,19 +39,17 @@ TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of
 def tail_start(roles: Sequence[str], costs: Sequence[int], offset: int, count: int, sizes: Sizes) -> int:
     """First seq of the fresh tail: the newest messages, at most ``sizes.tail_count`` of them and at most
     ``sizes.tail_tokens``, taken whole exchanges at a time (a tool result never starts the tail: its assistant
-    call joins it). The newest user message and everything after it always belong to the tail, whatever they
-    cost. ``roles`` and ``costs`` cover seqs ``[offset, count)``."""
-    newest_user = count - 1
-    while newest_user > offset and roles[newest_user - offset] != "user":
-        newest_user -= 1
+    call joins it). What must be forwarded raw (``required_start``: the newest user message and what follows
+    it, or in a long agent run only the newest exchange) always belongs to the tail. ``roles`` and ``costs``
+    cover seqs ``[offset, count)``."""
+    required = required_start(roles, costs, offset, count, sizes.limit) if count > offset else count
     start, total = count, 0
     while start > offset:
         first = start - 1
         while first > offset and roles[first - offset] in ("tool", "function"):
             first -= 1  # a whole exchange: the call and all of its results
         cost = sum(costs[first - offset : start - offset])
-        required = start > newest_user  # the exchange holds the newest user message or follows it
-        if not required and (count - first > sizes.tail_count or total + cost > sizes.tail_tokens):
+        if start <= required and (count - first > sizes.tail_count or total + cost > sizes.tail_tokens):
             break
         start, total = first, total + cost
     return start

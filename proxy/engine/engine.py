@@ -21,7 +21,7 @@ import orjson
 
 from proxy.config import LcmSettings
 from proxy.engine import auto_recall, budget, tokens
-from proxy.engine.assemble import Assembly, TooLarge, fit, join, newest_user, prepend_text
+from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
@@ -129,8 +129,8 @@ class ContextEngine:
             await self._share_parent_compaction(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(tenant, ingested.conversation_id)
         count = len(ingested.messages) - len(instructions)
-        view = await self._view(conversation, count)
-        required = sum(view.costs[view.newest_user - view.upto :])
+        view = await self._view(conversation, count, limit)
+        required = sum(view.costs[view.required - view.upto :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
             raise self._too_large(required, limit, request_budget, instruction_tokens)
@@ -154,7 +154,7 @@ class ContextEngine:
         if compacting is not None:
             compaction = await self._wait_inline(conversation.id, compacting)
             conversation = await self._conversation(request.tenant, conversation.id)
-            view = await self._view(conversation, count)
+            view = await self._view(conversation, count, limit)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
         stubbed = min(conversation.stubbed_upto, count)
@@ -191,7 +191,7 @@ class ContextEngine:
         recalled: tuple[int, ...] = ()
         if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
             raw, recall_tokens, recalled = await self._auto_recall(
-                conversation.id, assembly.first_raw, view.newest_user, raw, limit - used, sizes
+                conversation.id, assembly.first_raw, raw, limit - used, sizes
             )
             used += recall_tokens
         summaries_message = render_summaries(assembly.summaries) if assembly.summaries else None
@@ -218,11 +218,11 @@ class ContextEngine:
             sizes,
         )
 
-    async def _view(self, conversation: ConversationRecord, count: int) -> View:
+    async def _view(self, conversation: ConversationRecord, count: int, limit: int) -> View:
         summaries, upto = await self.compactor.view(conversation, count)
         roles = await self.store.read.roles(conversation.id, upto, count)
         costs = await self.store.read.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
-        return View(summaries, upto, roles, costs, newest_user(roles, upto, count) if costs else count)
+        return View(summaries, upto, roles, costs, required_start(roles, costs, upto, count, limit) if costs else count)
 
     async def _record(self, conversation_id: str, sent: Sent, upto: int) -> None:
         """Store what was forwarded when its composition changed (compaction moments, eviction), for the admin
@@ -328,19 +328,15 @@ class ContextEngine:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
 
     async def _auto_recall(
-        self,
-        conversation_id: str,
-        first_raw: int,
-        newest_user: int,
-        raw: list[Message],
-        free: int,
-        sizes: Sizes,
+        self, conversation_id: str, first_raw: int, raw: list[Message], free: int, sizes: Sizes
     ) -> tuple[list[Message], int, tuple[int, ...]]:
         """Original excerpts matching the newest user message, from the messages not forwarded raw, placed
         in that message right before its own text (everything before it stays byte-identical)."""
-        index = newest_user - first_raw
-        if not 0 <= index < len(raw) or raw[index].get("role") != "user":
-            return raw, 0, ()
+        index = len(raw) - 1
+        while index >= 0 and raw[index].get("role") != "user":
+            index -= 1
+        if index < 0:
+            return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
         cap = min(free - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
         query = content_text(raw[index].get("content"))
         block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)

@@ -205,11 +205,14 @@ def parse_facts(text: str) -> list[Fact]:
     seen: set[str] = set()
     for first, end in _blocks(lines):
         for line in lines[first + 1 : end]:
-            match = _FACT_LINE.fullmatch(line.rstrip())
-            if match and _key(match.group(2)) not in seen:
-                seen.add(_key(match.group(2)))
-                role, fact = match.group(1), " ".join(match.group(2).split())
-                facts.append(Fact(fact, role, score_sentence(fact, role), len(facts)))
+            match = _FACT_LINE.fullmatch(line[: MAX_FACT_CHARS * 2].rstrip())
+            if not match:
+                continue
+            role, fact = match.group(1), _clip(" ".join(match.group(2).split()))
+            if _key(fact) in seen or INSTRUCTION_OVERRIDE.search(fact):
+                continue  # a block is data too: what reads as an order is dropped here as anywhere else
+            seen.add(_key(fact))
+            facts.append(Fact(fact, role, score_sentence(fact, role), len(facts)))
     return facts
 
 
@@ -272,22 +275,6 @@ def clean_generation(text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def parse_transcript(text: str) -> list[tuple[str, str]]:
-    """(role, text) pairs of a transcript written by ``render.render_message`` ("[time | role]" headers, role
-    "tool" for tool results, "-> calls" lines dropped). Text without any header is one message of role "text"."""
-    messages: list[tuple[str, list[str]]] = []
-    for line in text.split("\n"):
-        header = _TRANSCRIPT_HEADER.fullmatch(line)
-        if header:
-            messages.append((header.group(1), []))
-        elif not line.startswith("-> calls "):
-            if not messages:
-                messages.append(("text", []))
-            messages[-1][1].append(line)
-    pairs = [(role, "\n".join(body).strip()) for role, body in messages]
-    return [(role, body) for role, body in pairs if body or role != "text"]
-
-
 def _first_sentence(text: str) -> str:
     for sentence in _sentences(text):
         ack = _ACK.match(sentence)
@@ -296,18 +283,15 @@ def _first_sentence(text: str) -> str:
     return ""
 
 
-def extractive_fallback(text: str, max_tokens: int) -> str:
-    """A deterministic summary of a rendered transcript (or of summaries) when no model can write one: its fact
-    blocks and fact-bearing sentences within max_tokens, rendered with render_facts; if there are none, the first
-    sentence of each user message. Never a truncation of the text, never headers or acknowledgements."""
-    lines = text.split("\n")
-    inside = {i for first, end in _blocks(lines) for i in range(first, end)}
-    inherited = parse_facts(text)
-    rest = "\n".join(line for i, line in enumerate(lines) if i not in inside)
-    messages = parse_transcript(rest)
+def fallback_from(messages: Sequence[tuple[str, str]], max_tokens: int, inherited: Sequence[Fact] = ()) -> str:
+    """A deterministic summary when no model can write one: the facts of ``inherited`` (child summaries'
+    blocks) and the fact-bearing sentences of the (role, text) ``messages`` within max_tokens, rendered with
+    render_facts; if there are none, the first sentence of each user message. Never a truncation of the text,
+    never headers or acknowledgements. The messages are structured pairs, not a rendering to re-parse, so
+    content can forge neither a role nor a fact block."""
     seen = {_key(fact.text) for fact in inherited}
     found = [fact for fact in extract_facts(messages) if _key(fact.text) not in seen]
-    facts = inherited + [Fact(f.text, f.role, f.score, f.position + len(inherited)) for f in found]
+    facts = list(inherited) + [Fact(f.text, f.role, f.score, f.position + len(inherited)) for f in found]
     if chosen := select_facts(facts, max_tokens):
         return render_facts(chosen)
     out = FALLBACK_HEADER

@@ -16,18 +16,18 @@ import orjson
 from proxy.config import LcmSettings
 from proxy.engine import tokens
 from proxy.engine.budget import Sizes
+from proxy.engine.explore import redact_secrets
 from proxy.engine.facts import (
     Fact,
     extract_facts,
-    extractive_fallback,
+    fallback_from,
     parse_facts,
-    parse_transcript,
     render_facts,
     select_facts,
     split_summary,
 )
 from proxy.engine.plan import Plan, view_message
-from proxy.engine.render import render_message, timestamp
+from proxy.engine.render import content_text, render_message, strip_reasoning, timestamp
 from proxy.engine.summarize import (
     FALLBACK_MARKER,
     Guard,
@@ -74,13 +74,15 @@ class SummaryWriter:
             total += cost
         end = chunk[-1].seq + 1
         rendered: list[str] = []
+        pairs: list[tuple[str, str]] = []  # (role, text) taken from the messages, not re-parsed from the rendering
         file_ids: list[str] = []
         for row in chunk:
             message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
             rendered.append(render_message(message, row.created_at))
+            pairs.append((row.role, redact_secrets(strip_reasoning(content_text(message.get("content"))))))
             file_ids += [r for r in refs if r not in file_ids]
         source = "\n\n".join(rendered)
-        facts = select_facts(extract_facts(parse_transcript(source)), sizes.leaf_target * 2 // 3)
+        facts = select_facts(extract_facts(pairs), sizes.leaf_target * 2 // 3)
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
         context = f"<previous_notes>\n{previous}\n</previous_notes>\n\n" if previous else ""
         text = await self._write(
@@ -93,7 +95,7 @@ class SummaryWriter:
             target=sizes.leaf_target,
             timeout=self.settings.summary_timeout,
             kind="leaf",
-            fallback=lambda: extractive_fallback(source, fallback_room(sizes)),
+            fallback=lambda: fallback_from(pairs, fallback_room(sizes)),
         )
         record = SummaryRecord(
             id=new_summary_id(),
@@ -194,6 +196,7 @@ class SummaryWriter:
             f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n{split_summary(c.content)[0]}"
             for c in children
         )
+        proses = [("text", split_summary(c.content)[0]) for c in children]
         merged: list[Fact] = []
         for child in children:
             merged += parse_facts(split_summary(child.content)[1])
@@ -208,7 +211,7 @@ class SummaryWriter:
             target=sizes.condensed_target,
             timeout=self.settings.summary_timeout,
             kind="condensed",
-            fallback=lambda: render_facts(facts) or extractive_fallback(source, fallback_room(sizes)),
+            fallback=lambda: render_facts(facts) or fallback_from(proses, fallback_room(sizes)),
         )
         file_ids: list[str] = []
         for child in children:

@@ -36,7 +36,7 @@ class View:
     upto: int
     roles: list[str]
     costs: list[int]
-    newest_user: int  # seq of the newest user message: it and what follows must be forwarded raw
+    required: int  # first seq that must be forwarded raw (``assemble.required_start``)
 
     @property
     def tokens(self) -> int:
