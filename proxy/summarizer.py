@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from proxy.engine.summarize import IN_BACKGROUND
+from proxy.engine.summarize import SWEEP_MODE
 from proxy.priority import Priority
 from proxy.routing import ResolvedModel
 from proxy.upstream import Upstream
@@ -57,9 +57,9 @@ class UpstreamSummarizer:
             "max_tokens": max_tokens,
             "temperature": temperature,
         }
-        if self.priority is not None and IN_BACKGROUND.get():
+        if self.priority is not None:
             key = self.priority.key(self.target)
-            result = await self.priority.background(key, lambda: self._call(body))
+            result = await self.priority.background(key, lambda: self._call(body), SWEEP_MODE.get())
         else:
             result = await self._call(body)
         choices = result.get("choices") or [{}]

@@ -30,7 +30,7 @@ from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import content_text, render_summaries
-from proxy.engine.summarize import IN_BACKGROUND, Guard, Summarizer
+from proxy.engine.summarize import SWEEP_MODE, Guard, Summarizer, Yielding
 from proxy.errors import ContextLengthExceeded
 from proxy.store.files import FileStore
 from proxy.store.records import ConversationRecord
@@ -90,6 +90,7 @@ class ContextEngine:
         self.ingestor = Ingestor(store, files, Thresholds(default.large_file, default.tool_result), self.guard)
         self.compactor = Compactor(store, settings, self.guard)
         self._background: dict[str, asyncio.Task[SweepReport]] = {}
+        self._modes: dict[str, Yielding] = {}  # of the running sweeps: background work or awaited by a request
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
     async def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
@@ -125,8 +126,9 @@ class ContextEngine:
         if ingested.conversation_id is None:
             done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
             return Preparation(self, done=done)
-        if ingested.forked_from is not None:
-            await self._share_parent_compaction(ingested.conversation_id, ingested.forked_from)
+        parent_task = self._background.get(ingested.forked_from) if ingested.forked_from else None
+        if ingested.forked_from is not None and (parent_task is None or parent_task.done()):
+            await self._adopt(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(tenant, ingested.conversation_id)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit)
@@ -138,6 +140,11 @@ class ContextEngine:
             tenant, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
             tools_offered,
         )  # fmt: skip
+        if parent_task is not None and not parent_task.done():
+            # A fork made while its parent is being compacted waits for that compaction (in ``finish``, so a
+            # streamed request sends its headers first) and takes its summaries of the shared prefix.
+            waiting = asyncio.create_task(self._after_parent(request, parent_task, summarizer))
+            return Preparation(self, request, compacting=waiting)
         if view.tokens > sizes.context:
             task = self._background.get(conversation.id)
             if task is None or task.done():
@@ -269,6 +276,8 @@ class ContextEngine:
         goes on in the background and the request is answered from what fits."""
         done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
         if not done:
+            if conversation_id in self._modes:
+                self._modes[conversation_id].background = True
             log.warning(
                 "inline compaction of %s still running after %.0f s: answering from what fits",
                 conversation_id,
@@ -285,6 +294,7 @@ class ContextEngine:
         count: int | None,
         kind: str,
     ) -> asyncio.Task[SweepReport]:
+        self._modes[conversation_id] = Yielding(background=kind == "background")
         task = asyncio.create_task(self._sweep(conversation_id, summarizer, sizes, count, kind))
         self._background[conversation_id] = task
         return task
@@ -297,8 +307,9 @@ class ContextEngine:
         count: int | None,
         kind: str,
     ) -> SweepReport:
-        if kind == "background":
-            IN_BACKGROUND.set(True)  # this task's own context: its summarizer calls may give way to requests
+        # This task's own context: a background sweep's summarizer calls give way to chat requests, and so do an
+        # inline sweep's once its request stopped waiting for it (``_wait_inline``).
+        SWEEP_MODE.set(self._modes[conversation_id])
         try:
             report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count)
             log.info("%s compaction of %s: %s", kind, conversation_id, report)
@@ -309,14 +320,26 @@ class ContextEngine:
         finally:
             if self._background.get(conversation_id) is asyncio.current_task():
                 del self._background[conversation_id]
+                self._modes.pop(conversation_id, None)
 
-    async def _share_parent_compaction(self, fork_id: str, parent_id: str) -> None:
-        """A fork made while its parent's compaction runs waits for it (within the inline deadline) and takes
-        the summaries of the shared prefix, instead of summarising the same messages again. (A compaction
-        that finished between the fork's creation and now is taken the same way.)"""
-        task = self._background.get(parent_id)
-        if task is not None and not task.done():
-            await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
+    async def _after_parent(
+        self, request: _Request, parent: asyncio.Task[SweepReport], summarizer: RequestSummarizer | None
+    ) -> SweepReport:
+        """The fork's side of its parent's running compaction: wait for it (within the inline deadline), take
+        its summaries of the shared prefix, then compact the fork itself only if it is still over its share."""
+        await asyncio.wait({parent}, timeout=self.settings.inline_compaction_seconds)
+        fork = request.conversation
+        if fork.parent_id is not None:
+            await self._adopt(fork.id, fork.parent_id)
+        conversation = await self._conversation(request.tenant, fork.id)
+        view = await self._view(conversation, request.count, request.limit)
+        if view.tokens <= request.sizes.context:
+            return SweepReport()
+        return await self._start(fork.id, summarizer, request.sizes, request.count, "inline")
+
+    async def _adopt(self, fork_id: str, parent_id: str) -> None:
+        """Give a fork without summaries its parent's summaries of the shared prefix (nothing is summarised
+        twice), e.g. those of a compaction that finished after the fork was made."""
         if await self.store.read.context_summaries(fork_id):
             return
         async with self.store.write() as tx:
@@ -348,8 +371,9 @@ class ContextEngine:
         return out, tokens.count_text(block) + 2, ids
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
-        """Start a background compaction if the request crossed the soft threshold (one per conversation)."""
-        if prepared.compaction != "scheduled" or prepared.conversation_id is None:
+        """Start a background compaction if the request crossed the soft threshold, or if its inline compaction
+        overran the deadline and gave way to it (one per conversation)."""
+        if prepared.compaction not in ("scheduled", "deferred") or prepared.conversation_id is None:
             return False
         running = self._background.get(prepared.conversation_id)
         if running is not None and not running.done():

@@ -86,7 +86,6 @@ _ACK = re.compile(
 )
 _BULLET = re.compile(r"[ \t]*(?:[-*•>]|\d{1,3}[.)])[ \t]+")
 _HEADING = re.compile(r"\s*#{1,6}\s|\s*\[[^\]\n|]{1,40}\|[^\]\n]{1,200}\]\s*$")
-_TRANSCRIPT_HEADER = re.compile(r"\[[^\]\n|]{1,40} \| ([a-z]+)(?: result \([^\n]{0,200}\))?\]\s*")
 _FACT_LINE = re.compile(r"- ([A-Za-z][\w-]{0,31}): (\S.*)")
 _ECHO = re.compile(r"\W{0,10}expand for details(?: about)?\W{0,10}(.*)", re.I)
 _NOTHING = {"", "n/a", "none", "nothing", "naming what was left out", "what was left out", "topics", "..."}

@@ -50,9 +50,16 @@ class SummaryPreempted(Exception):
     what it finished (``proxy.priority``)."""
 
 
-# Set while a compaction runs in the background (not while a request waits for it): its summarizer calls
-# may then give way to chat requests (``proxy.priority``).
-IN_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("lcm_background", default=False)
+@dataclass
+class Yielding:
+    """Whether the running sweep is background work (nobody waits for it), whose summarizer calls give way to
+    chat requests (``proxy.priority``). An inline sweep becomes background work when its deadline passes."""
+
+    background: bool = False
+
+
+# The current sweep's mode, set by the engine for the sweep's task and read by the summarizer.
+SWEEP_MODE: contextvars.ContextVar[Yielding | None] = contextvars.ContextVar("lcm_sweep_mode", default=None)
 
 
 @dataclass(frozen=True)

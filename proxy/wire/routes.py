@@ -100,7 +100,7 @@ async def chat_completions(request: Request) -> Response:
             headers["x-lcm-summaries"] = str(len(prepared.sent.summaries))
             headers["x-lcm-evicted"] = str(len(prepared.sent.evicted) + prepared.sent.dropped)
             headers["x-lcm-recalled"] = str(len(prepared.sent.recalled))
-            if prepared.compaction == "scheduled":
+            if prepared.compaction in ("scheduled", "deferred"):
                 background = BackgroundTask(state.engine.after_response, prepared, summarizer)
         # From here the upstream is busy with a user's request: background summaries there give way to it.
         leave = state.priority.enter(state.priority.key(target))
