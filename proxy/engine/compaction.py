@@ -199,10 +199,11 @@ class Compactor:
         for iteration in range(self.settings.max_sweep_iterations + 1):
             current = await self._tokens(conversation_id, plan.summaries, plan.summarized_upto, plan.stubbed_upto, n)
             crowded = summary_tokens(plan.summaries) > sizes.summary_room
+            due = crowded or self.writer.condensable(plan.summaries, force=False) is not None  # a run at its fanout
             if iteration == 0:
                 report.tokens_before = current
             report.tokens_after = current
-            if iteration == self.settings.max_sweep_iterations or (current <= target and not crowded):
+            if iteration == self.settings.max_sweep_iterations or (current <= target and not due):
                 break
             if time.monotonic() > deadline:
                 report.deadline_hit = True

@@ -158,7 +158,7 @@ class SummaryWriter:
     def _fanout(self, depth: int) -> int:
         return self.settings.leaf_min_fanout if depth == 0 else self.settings.condensed_min_fanout
 
-    def _condensable(self, context: Sequence[SummaryRecord], force: bool) -> tuple[int, int] | None:
+    def condensable(self, context: Sequence[SummaryRecord], force: bool) -> tuple[int, int] | None:
         """(index, length) of the run of summaries to condense: the shallowest run of same-depth summaries
         that reaches its fanout; with ``force`` (the summaries outgrew their room) the oldest run of two or
         more, else the oldest two."""
@@ -183,7 +183,7 @@ class SummaryWriter:
         self, plan: Plan, summarizer: Summarizer | None, sizes: Sizes, force: bool = False
     ) -> SummaryRecord | None:
         context = plan.summaries
-        found = self._condensable(context, force)
+        found = self.condensable(context, force)
         if found is None:
             return None
         first, length = found
