@@ -44,6 +44,9 @@ SIM_LCM = {
     "tool_result_token_threshold": 300,
     "large_file_token_threshold": 2500,
     "fallback_max_tokens": 200,
+    # The fake upstream is on loopback only because it is a test: this session models a hosted model, whose
+    # background summaries run alongside the chat requests (tests/test_priority.py covers local servers).
+    "background_yields": "never",
 }
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 
