@@ -567,7 +567,8 @@ def test_call_cap_bounds_a_burst_of_failures(session: Callable[..., Session], fa
     assert len(s.model.summary_calls) == cap  # the cap, not the number of summaries, bounds the calls
     s.model.fault = None  # recovered, but this conversation's budget for the hour is spent
     s.send(*turns(80, 30), {"role": "user", "content": "Even more?"})
-    assert s.headers == ["inline", "inline", "inline"]
+    # (The third request may find the context already condensed below its limit: it is then only scheduled.)
+    assert s.headers[:2] == ["inline", "inline"] and s.headers[2] in ("inline", "scheduled")
     assert len(s.model.summary_calls) == cap
     stored = s.check_intact()
     assert len(stored.summaries) > cap

@@ -72,6 +72,8 @@ class SummaryWriter:
                 break
             chunk.append(row)
             total += cost
+        if total < min(sizes.leaf_target, sizes.leaf_chunk // 2):
+            return None  # less outside the tail than a summary's own size: summarising it would save nothing
         end = chunk[-1].seq + 1
         rendered: list[str] = []
         pairs: list[tuple[str, str]] = []  # (role, text) taken from the messages, not re-parsed from the rendering
