@@ -214,7 +214,7 @@ class Compactor:
             try:
                 made = None
                 if current > target:
-                    made = await self.writer.leaf_pass(plan, tail, summarizer, sizes, current - target)
+                    made = await self.writer.leaf_pass(plan, tail, summarizer, sizes, current - target, target == 0)
                 if made is not None:
                     report.leaf_passes += 1
                 else:

@@ -52,10 +52,11 @@ class SummaryWriter:
         self.guard = guard
 
     async def leaf_pass(
-        self, plan: Plan, tail: int, summarizer: Summarizer | None, sizes: Sizes, excess: int
+        self, plan: Plan, tail: int, summarizer: Summarizer | None, sizes: Sizes, excess: int, thorough: bool = False
     ) -> SummaryRecord | None:
         """Summarise the oldest raw messages outside the tail: just enough of them to remove ``excess``
-        tokens (within the chunk size and the summary model's window)."""
+        tokens (within the chunk size and the summary model's window). Unless ``thorough`` (an operator's
+        explicit compaction), less material than a summary's own size is left raw: it would save nothing."""
         start = plan.summarized_upto
         if start >= tail:
             return None
@@ -72,8 +73,8 @@ class SummaryWriter:
                 break
             chunk.append(row)
             total += cost
-        if total < min(sizes.leaf_target, sizes.leaf_chunk // 2):
-            return None  # less outside the tail than a summary's own size: summarising it would save nothing
+        if not thorough and total < min(sizes.leaf_target, sizes.leaf_chunk // 2):
+            return None
         end = chunk[-1].seq + 1
         rendered: list[str] = []
         pairs: list[tuple[str, str]] = []  # (role, text) taken from the messages, not re-parsed from the rendering
