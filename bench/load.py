@@ -96,7 +96,7 @@ LCM_SETTINGS = {
     "leaf_chunk_tokens": 800,
     "leaf_target_tokens": 250,  # summaries that outgrow their room: condensed passes run under load too
     "condensed_target_tokens": 200,
-    "leaf_min_fanout": 3,
+    "leaf_min_fanout": 2,
     "condensed_min_fanout": 2,
     "large_file_token_threshold": 1500,
     "tool_result_token_threshold": 200,
