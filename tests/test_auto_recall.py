@@ -7,15 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from proxy.engine import tokens
-from proxy.engine.auto_recall import (
-    EXCERPT_TOKENS,
-    MAX_TERMS,
-    find_candidates,
-    fts_match,
-    query_terms,
-    recall_block,
-)
+from proxy.engine.auto_recall import EXCERPT_TOKENS, find_candidates, recall_block
 from proxy.engine.ingest import Ingestor
+from proxy.engine.terms import MAX_TERMS, fts_match, query_terms
 from proxy.store.sqlite import Queries, SQLiteStore
 from tests.engine_support import assistant, open_engine, run, user
 
