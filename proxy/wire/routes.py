@@ -144,6 +144,8 @@ async def _after_compaction(
         assert isinstance(response, StreamingResponse)
         async for chunk in response.body_iterator:
             yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        if prepared.compaction in ("scheduled", "deferred"):
+            await state.engine.after_response(prepared, summarizer)  # a deferred sweep resumes in the background
     except ProxyError as error:
         yield sse_event(error.to_json())
     except Exception:
