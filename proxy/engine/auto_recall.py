@@ -42,7 +42,7 @@ log = logging.getLogger("lcm_proxy.auto_recall")
 
 MAX_CANDIDATES = 40
 MAX_SCAN_CHARS = 32_000  # of each candidate message: matches further in are not seen
-MAX_EXCERPTS = 10
+MAX_EXCERPTS = 5  # a small model follows a few relevant lines better than a page of half-matches
 EXCERPT_TOKENS = 120  # per excerpt, at most
 MIN_EXCERPT_TOKENS = 12  # an excerpt budget smaller than this is not worth a line
 OFF_LOOP_CHARS = 64 * 1024  # candidate text beyond which rescoring runs in a worker thread
