@@ -15,8 +15,8 @@ dealt over the conversations round-robin (64 over 20: three or four each). Every
 opening itself, so the first requests of a conversation race to create it; then each client continues its
 *own branch* from the opening, like several chat tabs (or devices) that branched one conversation. This is
 the model under which all clients are truly in flight at once: clients of one conversation taking turns
-would serialise them (20 in flight at most) and never exercise the identity rules under contention. Per
-DESIGN.md the first branch to extend the opening appends to the stored conversation, every other branch
+would serialise them (20 in flight at most) and never exercise the identity rules under contention. Per the
+identity rules the first branch to extend the opening appends to the stored conversation, every other branch
 forks it, and from then on each branch is found by its longest stored prefix. Clients behave like real
 ones: half of their requests stream (they hang up right after ``[DONE]``); they send their tool schemas
 every time and answer the model's tool calls (some results large enough to be stubbed); they sometimes
@@ -35,7 +35,7 @@ must hold exactly the transcript it last sent. Every stored conversation must ha
 client; there must be exactly one root conversation per shared opening (the racing first requests created
 one); and the number of forks must equal what the clients' actions imply: one per extra branch of an
 opening, one per regenerate-then-continue, one per edit, none for retries and double submits. The fake
-upstream checks every forwarded chat request against the window (DESIGN.md's "Bounded") and for paired
+upstream checks every forwarded chat request against the window (ARCHITECTURE.md's "Bounded") and for paired
 tool calls. Then doctor and ``PRAGMA integrity_check``. Errors are any non-200 answer, an SSE error event,
 a transport error, or an ERROR (or "database is locked") line in the proxy's log; none is expected.
 """
@@ -153,7 +153,7 @@ class LoadModel:
         return Reply(content=f"Answer {n}: {text}.")
 
     def check(self, body: dict[str, Any]) -> None:
-        """DESIGN.md's "Bounded" and "Tool pairing" invariants, on every forwarded chat request."""
+        """The "Bounded" and "Tool pairing" invariants (ARCHITECTURE.md), on every forwarded chat request."""
         from proxy.engine.tokens import count_messages, count_text
 
         messages = body["messages"]
@@ -262,6 +262,7 @@ Message = dict[str, Any]
 class Ack:
     conversation_id: str
     transcript: list[Message]
+    answer: Message | None = None  # what the proxy relayed for it (stored as the conversation's newest message)
 
 
 @dataclass
@@ -430,7 +431,7 @@ async def run_client(http: httpx.AsyncClient, client: ClientState, quota: int, s
         answer = await send(http, client, transcript)
         if answer.status != 200 or answer.error or answer.conversation_id is None or answer.message is None:
             return None
-        client.acks.append(Ack(answer.conversation_id, transcript))
+        client.acks.append(Ack(answer.conversation_id, transcript, answer.message))
         if transcript is not history[0]:  # pin the branch, not the opening every branch shares
             client.key = answer.conversation_id
         if remember:
@@ -580,13 +581,24 @@ def _key(message: Message) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
 
 
+def _answer_key(message: Message) -> bytes:
+    """An answer as the proxy stores it when it relays it: role, content and tool calls."""
+    stored: Message = {"role": "assistant", "content": message.get("content") or None}
+    if message.get("tool_calls"):
+        stored["tool_calls"] = [
+            {"id": c.get("id"), "type": c.get("type") or "function", "function": c["function"]}
+            for c in message["tool_calls"]
+        ]
+    return _key(stored)
+
+
 async def audit(config_path: Path, clients: list[ClientState], result: LoadResult) -> None:
     from proxy.config import load_config
     from proxy.doctor import check_database
     from proxy.operator import Operator
 
     config = load_config(str(config_path))
-    async with Operator(config) as op:
+    async with Operator(config.general_settings.resolved_data_dir()) as op:
         # A plain connection of our own for the checks that are not the store's API.
         with contextlib.closing(sqlite3.connect(op.store.path)) as db:
             result.integrity = str(db.execute("PRAGMA integrity_check").fetchone()[0])
@@ -617,6 +629,10 @@ async def audit(config_path: Path, clients: list[ClientState], result: LoadResul
                 exports[conversation_id] = exported = []
             longest = max(on_it, key=lambda a: len(a.transcript)).transcript
             wanted = [_key(m) for m in longest]
+            # The proxy stores the answer it relayed for the newest transcript before the client sends it back.
+            relayed = {_answer_key(a.answer) for a in on_it if a.answer and len(a.transcript) == len(longest)}
+            if len(exported) == len(wanted) + 1 and exported[-1] in relayed:
+                exported = exported[:-1]
             have, want = Counter(exported), Counter(wanted)
             result.lost += sum((want - have).values())
             result.duplicated += sum((have - want).values())
@@ -631,7 +647,10 @@ async def audit(config_path: Path, clients: list[ClientState], result: LoadResul
         for client in clients:
             if client.acks and len(client.acks[-1].transcript) > len(opening(client.group)):
                 last = client.acks[-1]
-                if exports[last.conversation_id] != [_key(m) for m in last.transcript]:
+                exported = exports[last.conversation_id]
+                if exported[: len(last.transcript)] != [_key(m) for m in last.transcript] or len(exported) > len(
+                    last.transcript
+                ) + 1:
                     result.mismatched.append(
                         f"client {client.index}: {last.conversation_id} is not its last transcript"
                     )

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,11 +25,11 @@ from proxy.config import ProxyConfig, load_config
 from proxy.engine.admin import AdminViews
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
-from proxy.engine.tokens import count_text
+from proxy.engine.tokens import count_text, token_margin
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
-from proxy.routing import ModelRouter, ResolvedModel
+from proxy.routing import ModelRouter, ResolvedModel, effective_window, upstream_of
 from proxy.store.files import FileStore
 from proxy.store.sqlite import SQLiteStore
 from proxy.summarizer import UpstreamSummarizer
@@ -37,6 +38,7 @@ from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.http import error_response
+from proxy.wire.shutdown import AnswerOnShutdown
 
 log = logging.getLogger("lcm_proxy")
 
@@ -65,12 +67,11 @@ class AppState:
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
         """The model's input window and where it came from: model_info, else LiteLLM's map, else the default."""
-        if target.max_input_tokens:
-            return target.max_input_tokens, "model_info.max_input_tokens"
-        known = self.upstream.context_window(target.upstream_model)
-        if known:
-            return known, "LiteLLM's model map; set model_info.max_input_tokens"
-        return self.config.lcm_settings.default_context_window, "lcm_settings.default_context_window"
+        return effective_window(target, self.upstream.context_window, self.config.lcm_settings.default_context_window)
+
+    def margin_of(self, target: ResolvedModel) -> tuple[float, str]:
+        """How much more than the proxy's o200k count the model's own tokenizer may count, and why."""
+        return token_margin(target.upstream_model, target.litellm_params.get("api_base"), target.token_margin)
 
     def calls_tools(self, target: ResolvedModel) -> bool:
         """Whether the model makes structured tool calls: model_info, else learned from its answers, else
@@ -105,17 +106,18 @@ class AppState:
         asked = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
         reserve = body.get(asked) or min(lcm.default_output_reserve, window // 4)
         reserve_source = asked if body.get(asked) else "lcm_settings.default_output_reserve"
-        tools = count_text(orjson.dumps(body["tools"]).decode()) if body.get("tools") else 0
+        # Legacy ``functions`` reach the model just as ``tools`` do.
+        tools = sum(count_text(orjson.dumps(body[k]).decode()) for k in ("tools", "functions") if body.get(k))
         if self.offers_recall_tools(target):
             # Reserved even on requests that do not offer them yet: they appear on the first request with a
             # summary or a stub, and a budget that shrank at that moment could tip it over the window.
             tools += recall_tool_tokens()
-        return Budget(window, int(reserve), tools, window_source, reserve_source)
+        return Budget(window, int(reserve), tools, window_source, reserve_source, *self.margin_of(target))
 
     def summarizer_for(self, request_target: ResolvedModel) -> UpstreamSummarizer:
         settings = self.config.lcm_settings
         target = self.router.resolve(settings.summary_model) if settings.summary_model else request_target
-        window = self.window_of(target)[0]
+        window = int(self.window_of(target)[0] / self.margin_of(target)[0])  # in o200k tokens, as counted
         return UpstreamSummarizer(self.upstream, target, settings.summary_timeout, window, self.priority)
 
 
@@ -161,7 +163,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
         for deployment in config.model_list:
-            log.info("model %s -> %s", deployment.model_name, deployment.litellm_params.model)
+            log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
         log.info("data directory: %s", data_dir)
         log.info(
             "authentication: %s",
@@ -192,6 +194,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             *ADMIN_ROUTES,
         ],
         exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
+        middleware=[Middleware(AnswerOnShutdown)],
         lifespan=lifespan,
     )
     app.state.lcm = state

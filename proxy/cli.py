@@ -1,4 +1,4 @@
-"""Command line: ``lcm-proxy serve | check-config``.
+"""Command line: ``lcm-proxy serve | check-config``, and the operator commands over the database.
 
 Nothing here imports LiteLLM at module level: ``--help``, ``--version`` and ``check-config`` must answer
 instantly and offline (LiteLLM costs seconds to import and may try the network).
@@ -10,13 +10,13 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from proxy import __version__
-from proxy.config import ProxyConfig, load_config
+from proxy.config import Needed, ProxyConfig, load_config
 from proxy.errors import ConfigError
 from proxy.logs import configure_serving_logs
 
@@ -37,25 +37,43 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _load(path: str) -> ProxyConfig | None:
+def _load(path: str, needed: Needed | None = None) -> ProxyConfig | None:
     try:
-        return load_config(path)
+        return load_config(path, needed)
     except ConfigError as exc:
         print(f"lcm-proxy: {exc}", file=sys.stderr)
         return None
+
+
+def _store_keys(path: str) -> bool:
+    """The keys an operator command reads from the config to find the database."""
+    return path.startswith(("general_settings.data_dir", "general_settings.database_url"))
+
+
+def _compact_keys(path: str) -> bool:
+    """``compact`` also calls the summary model: the timeouts and lcm_settings, and (checked when the model is
+    chosen, see ``ModelRouter.resolve``) that model's own deployment. Never the proxy's API keys."""
+    proxy_keys = path.startswith(("general_settings.api_keys", "general_settings.master_key"))
+    return path.startswith(("general_settings", "lcm_settings")) and not proxy_keys
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return 1
+    from proxy.config_report import model_report
+
     settings = config.general_settings
     names = ", ".join(d.model_name for d in config.model_list)
-    print(f"{args.config}: OK")
+    print(f"{args.config}: OK" + (f" ({len(config.warnings)} warning(s))" if config.warnings else ""))
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
     print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
     print(f"  data:    {settings.resolved_data_dir()}")
+    for line in model_report(config):
+        print(line)
+    for warning in config.warnings:
+        print(f"lcm-proxy: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -66,47 +84,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = config.general_settings
     # Whatever the level, no library logs content, and no line shows a configured credential.
     configure_serving_logs(config)
+    for warning in config.warnings:  # here, once: worker processes load the config again but do not repeat them
+        log.warning("config: %s", warning)
     host = args.host or settings.bind_host()
     port = settings.port if args.port is None else args.port
     if not settings.api_keys and not _is_loopback(host):
         log.warning(
-            "listening on %s with NO API keys: anyone who can reach this port can use your upstream keys",
+            "serving on %s with NO API keys: anyone who can reach this port can use your upstream keys",
             host,
         )
 
-    import uvicorn
+    from proxy.serving import serve
 
-    common: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "log_level": settings.log_level,
-        "access_log": settings.access_log,
-        "timeout_graceful_shutdown": 10,
-        # uvicorn's own loggers propagate to the handler configured above instead of handlers of their own:
-        # one format, credentials masked and query strings cut in their lines too.
-        "log_config": None,
-    }
-    log.info("lcm-proxy %s listening on http://%s:%s (config %s)", __version__, host, port, args.config)
-    if args.workers > 1:
-        # Workers are separate processes: they import the app from the environment.
-        os.environ["LCM_PROXY_CONFIG"] = str(Path(args.config).resolve())
-        uvicorn.run("proxy.app:app_from_environment", factory=True, workers=args.workers, **common)
-    else:
-        from proxy.app import create_app
+    return serve(config, str(Path(args.config).resolve()), host, port, args.workers)
 
-        uvicorn.run(create_app(config, serving=True), **common)
-    return 0
+
+def _operator_setup(args: argparse.Namespace) -> tuple[Path, ProxyConfig | None] | None:
+    """The data directory, and for ``compact`` the config. ``--data-dir`` needs no config at all; from a
+    config only what the command uses must resolve (no upstream key just to read the database)."""
+    compact = args.command == "compact"
+    config = None
+    if compact or not args.data_dir:
+        config = _load(args.config, _compact_keys if compact else _store_keys)
+        if config is None:
+            return None
+    if args.data_dir:
+        return Path(args.data_dir).expanduser(), config
+    assert config is not None
+    return config.general_settings.resolved_data_dir(), config
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
+    setup = _operator_setup(args)
+    if setup is None:
         return 1
     from proxy.operator import run_operator
 
     return run_operator(
-        config,
+        setup[0],
         args.command,
+        setup[1],
         tenant=args.tenant,
         limit=getattr(args, "limit", 100) or 100,
         conversation_id=getattr(args, "conversation_id", None),
@@ -120,19 +137,24 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
+    setup = _operator_setup(args)
+    if setup is None:
         return 1
     import asyncio
 
     from proxy.doctor import run_doctor
     from proxy.store.sqlite import DB_NAME
 
-    data_dir = config.general_settings.resolved_data_dir()
+    data_dir = setup[0]
     if not (data_dir / DB_NAME).exists():
         print(f"lcm-proxy: no database at {data_dir / DB_NAME}", file=sys.stderr)
         return 1
-    problems = asyncio.run(run_doctor(data_dir))
+    if getattr(args, "repair", False):
+        from proxy.doctor import run_repair
+
+        for line in asyncio.run(run_repair(data_dir)):
+            print(f"repaired: {line}")
+    problems = asyncio.run(run_doctor(data_dir))  # what remains: the exit status is 1 if anything does
     for problem in problems:
         print(f"problem: {problem}")
     print(f"{data_dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
@@ -154,11 +176,18 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"YAML config file (default: $LCM_PROXY_CONFIG or {DEFAULT_CONFIG})",
         )  # fmt: skip
 
+    def add_store(p: argparse.ArgumentParser) -> None:
+        add_config(p)
+        p.add_argument(
+            "--data-dir", metavar="DIR",
+            help="the proxy's data directory; no config is read then (compact still reads it for its model)",
+        )  # fmt: skip
+
     serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
     add_config(serve)
     serve.add_argument("--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)")
     serve.add_argument("--port", type=int, help="port (default: general_settings.port, 4000)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    serve.add_argument("--workers", type=_at_least_one, default=1, help="worker processes (default: 1)")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser(
@@ -169,9 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check_config)
 
     listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
-    add_config(listing)
+    add_store(listing)
     listing.add_argument("--tenant", help="only this tenant's conversations")
-    listing.add_argument("--limit", type=int, default=100, help="at most this many, newest first (default: 100)")
+    listing.add_argument(
+        "--limit", type=_at_least_one, default=100, help="at most this many, newest first (default: 100)"
+    )
     listing.set_defaults(func=cmd_operator)
     for name, text in (
         ("show", "show one conversation: its summary DAG and messages"),
@@ -179,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("compact", "run a full compaction sweep on a conversation now"),
     ):
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...)")
-        add_config(p)
+        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
+        add_store(p)
         p.add_argument("--tenant", help="refuse a conversation of another tenant")
         if name == "compact":
             p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
@@ -192,11 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search a conversation (and the conversations it was forked from).",
     )
     grep.add_argument("pattern", help="regular expression (or words with --mode full_text)")
-    grep.add_argument("--conversation", dest="conversation_id", required=True, metavar="ID", help="conversation id")
+    grep.add_argument(
+        "--conversation", dest="conversation_id", required=True, metavar="ID",
+        help="conversation id or the client's key for it",
+    )  # fmt: skip
     grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
-    grep.add_argument("--limit", type=int, default=20)
+    grep.add_argument("--limit", type=_at_least_one, default=20)
     grep.add_argument("--tenant", help="refuse a conversation of another tenant")
-    add_config(grep)
+    add_store(grep)
     grep.set_defaults(func=cmd_operator)
 
     describe = sub.add_parser(
@@ -205,10 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Describe a sum_..., file_... or msg_... id.",
     )
     describe.add_argument("item_id", metavar="ID")
-    describe.add_argument("--start-line", type=int, dest="start_line")
-    describe.add_argument("--end-line", type=int, dest="end_line")
+    describe.add_argument("--start-line", type=_at_least_one, dest="start_line", help="files: first line (from 1)")
+    describe.add_argument("--end-line", type=_at_least_one, dest="end_line", help="files: last line, inclusive")
     describe.add_argument("--tenant", help="refuse an id of another tenant")
-    add_config(describe)
+    add_store(describe)
     describe.set_defaults(func=cmd_operator)
 
     doctor = sub.add_parser(
@@ -216,9 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the database and stored files; exit 1 on any problem",
         description="Check the database and stored files.",
     )
-    add_config(doctor)
+    add_store(doctor)
+    doctor.add_argument(
+        "--repair", action="store_true",
+        help="first delete files left behind by interrupted requests (safe while the server runs: files it may"
+        " still be writing are left alone)",
+    )  # fmt: skip
     doctor.set_defaults(func=cmd_doctor)
     return parser
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,4 +278,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if getattr(args, "config_path", None):
         args.config = args.config_path
-    return int(args.func(args))
+    start, end = getattr(args, "start_line", None), getattr(args, "end_line", None)
+    if start is not None and end is not None and end < start:
+        print(f"lcm-proxy {args.command}: error: --end-line {end} is before --start-line {start}", file=sys.stderr)
+        return 2
+    try:
+        status = int(args.func(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of the output went away (``lcm-proxy show ID | head -1``). Like standard tools, stop
+        # quietly with the status of a process ended by SIGPIPE; stdout goes to /dev/null so that Python's
+        # own flush at exit does not report the closed pipe once more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return status

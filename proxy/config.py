@@ -2,20 +2,26 @@
 
 The file has three sections. ``model_list`` uses LiteLLM proxy's exact shape so that a model list from an
 existing LiteLLM config can be pasted in unchanged; ``litellm_params`` and ``model_info`` are LiteLLM's to
-interpret, so unknown keys *inside them* are allowed. Everywhere else an unknown key is an error that names
-its path: a misspelt knob that is silently ignored is worse than a refusal to start.
+interpret, so unknown keys *inside them* are allowed (a near miss of one that matters is a warning).
+Everywhere else an unknown key is an error that names its path: a misspelt knob that is silently ignored is
+worse than a refusal to start. The rest of a LiteLLM proxy config is read by ``proxy.config_compat``: what
+maps is used, LiteLLM's other keys are ignored with a warning. Warnings ride on the loaded config
+(``ProxyConfig.warnings``) for ``check-config`` to print and ``serve`` to log.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from proxy.config_compat import adapt_litellm_config, map_general_settings, model_key_warnings, unused_environment
 from proxy.errors import ConfigError
 
 ENV_PREFIX = "os.environ/"
@@ -45,12 +51,26 @@ class ModelInfo(BaseModel):
     # Whether the model makes structured tool calls (LiteLLM's key). Unset: LiteLLM's model map, else learned
     # from the model's answers; the recall tools are offered only to models that do.
     supports_function_calling: bool | None = None
+    # How much more than o200k (the proxy's own count) this model's tokenizer may count: the window is divided
+    # by it. Unset: a default for the model's family (``proxy.engine.tokens.token_margin``).
+    token_margin: float | None = Field(default=None, ge=1.0, le=3.0)
 
 
 class ModelDeployment(_Strict):
     model_name: str = Field(min_length=1)
     litellm_params: LiteLLMParams
     model_info: ModelInfo = ModelInfo()
+    # ``os.environ/`` references left unresolved because the command at hand does not use this deployment
+    # (operator commands); the router refuses to resolve to it.
+    _unresolved: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("model_name")
+    @classmethod
+    def _one_wildcard(cls, name: str) -> str:
+        # One ``*`` captures one part of the name, which replaces the ``*`` of litellm_params.model.
+        if name.count("*") > 1:
+            raise ValueError("at most one '*' is allowed (it stands for the rest of the requested name)")
+        return name
 
 
 class ApiKey(_Strict):
@@ -81,6 +101,11 @@ class GeneralSettings(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _plain_keys(cls, value: Any) -> Any:
@@ -110,7 +135,7 @@ class GeneralSettings(_Strict):
 
 
 class LcmSettings(_Strict):
-    """Context-management knobs (DESIGN.md, "Compaction" and "Interception").
+    """Context-management knobs (ARCHITECTURE.md, "Compaction", "Interception" and "Defaults").
 
     The size knobs left unset (None) scale with the model's window (``proxy.engine.budget.sizes``): a value
     sized for a 128k model must not refuse a paste to a 2k one or write summaries larger than its window.
@@ -149,6 +174,16 @@ class LcmSettings(_Strict):
     sweep_deadline_seconds: float = Field(default=300.0, gt=0)
     max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
 
+    @field_validator("retrieval_tools", "auto_recall", "background_yields", mode="before")
+    @classmethod
+    def _switch(cls, value: Any, info: Any) -> Any:
+        """YAML reads an unquoted ``off``/``no`` as false and ``on``/``yes`` as true. False is the setting's
+        off value; true is ``auto``, the on value that still looks at the model (``always`` can cost a small
+        model a third of its window, which nobody should get by writing ``on``)."""
+        if isinstance(value, bool):
+            return "auto" if value else ("never" if info.field_name == "background_yields" else "off")
+        return value.lower() if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> LcmSettings:
         small, large = self.tool_result_token_threshold, self.large_file_token_threshold
@@ -161,24 +196,61 @@ class ProxyConfig(_Strict):
     model_list: list[ModelDeployment] = Field(min_length=1)
     general_settings: GeneralSettings = GeneralSettings()
     lcm_settings: LcmSettings = LcmSettings()
+    # Not errors, but worth saying once: check-config prints them, serve logs them.
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
+
+
+# Which ``os.environ/`` references a command needs, by key path (None: all of them, as serving does).
+Needed = Callable[[str], bool]
+
+
+class _Resolver:
+    """Replaces every ``"os.environ/NAME"`` string, at any depth, by the variable's value: from the environment,
+    else from the config's own ``environment_variables``. An unset variable leaves its reference in place and
+    is recorded: in ``missing`` if the command needs that key, else in ``skipped`` (an operator reading the
+    database has no use for the upstream's API key, and may not have it)."""
+
+    def __init__(self, environment: Mapping[str, str], needed: Needed | None) -> None:
+        self.environment = environment
+        self.needed = needed
+        self.missing: list[str] = []
+        self.skipped: dict[str, str] = {}  # key path -> problem
+        self.referenced: set[str] = set()
+
+    def __call__(self, value: Any, path: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: self(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, str) and value.startswith(ENV_PREFIX):
+            name = value[len(ENV_PREFIX) :]
+            self.referenced.add(name)
+            if name in os.environ:
+                return os.environ[name]
+            if name in self.environment:
+                return self.environment[name]
+            problem = f"{path}: environment variable {name} is not set"
+            if self.needed is None or self.needed(path):
+                self.missing.append(problem)
+            else:
+                self.skipped[path] = problem
+        return value
 
 
 def resolve_env_references(value: Any, path: str = "", missing: list[str] | None = None) -> Any:
-    """Replace every ``"os.environ/NAME"`` string, at any depth, by the variable's value. An unset variable
-    is recorded in ``missing`` (its reference left in place), or raises ``ConfigError`` without a list."""
-    if isinstance(value, dict):
-        return {k: resolve_env_references(v, f"{path}.{k}" if path else str(k), missing) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve_env_references(v, f"{path}[{i}]", missing) for i, v in enumerate(value)]
-    if isinstance(value, str) and value.startswith(ENV_PREFIX):
-        name = value[len(ENV_PREFIX) :]
-        if name in os.environ:
-            return os.environ[name]
-        problem = f"{path}: environment variable {name} is not set"
-        if missing is None:
-            raise ConfigError("<config>", [problem])
-        missing.append(problem)
-    return value
+    """Resolve every ``os.environ/NAME`` in ``value``. An unset variable is recorded in ``missing`` (its
+    reference left in place), or raises ``ConfigError`` without a list."""
+    resolver = _Resolver({}, None)
+    out = resolver(value, path)
+    if missing is None and resolver.missing:
+        raise ConfigError("<config>", resolver.missing)
+    if missing is not None:
+        missing += resolver.missing
+    return out
 
 
 def _format_location(loc: tuple[int | str, ...]) -> str:
@@ -193,43 +265,119 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed where an unknown key was found, for a "did you mean"."""
+    names = [
+        str(part) for part in loc if isinstance(part, str) and "[" not in part and not part.startswith("function-")
+    ]
+    model: type[BaseModel] = ProxyConfig
+    for name in names[:-1]:
+        field = model.model_fields.get(name)
+        annotation = field.annotation if field else None
+        inner = getattr(annotation, "__args__", (annotation,))[0]  # list[ModelDeployment] -> ModelDeployment
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
 def _describe(error: Any) -> str:
-    where = _format_location(tuple(error["loc"]))
+    loc = tuple(error["loc"])
+    where = _format_location(loc)
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown key"
+        close = difflib.get_close_matches(str(loc[-1]), _known_keys(loc), n=1, cutoff=0.7)
+        return f"{where}: unknown key" + (f"; did you mean {close[0]}?" if close else "")
     if error["type"] == "missing":
         return f"{where}: required key is missing"
     message = str(error["msg"]).removeprefix("Value error, ")
     return f"{where}: {message}"
 
 
-def parse_config(raw: Any, source: str = "<config>") -> ProxyConfig:
+def _summary_model_problems(config: ProxyConfig) -> list[str]:
+    """A summary model no request could reach passes validation otherwise, and then every compaction fails."""
+    from proxy.routing import ModelRouter  # routing imports this module
+
+    name = config.lcm_settings.summary_model
+    if name is None or ModelRouter(config.model_list).deployment_for(name) is not None:
+        return []
+    return [
+        f"lcm_settings.summary_model: {name!r} is not a model_name in model_list (nor matched by a wildcard model_name)"
+    ]
+
+
+def _model_list_warnings(config: ProxyConfig) -> list[str]:
+    warnings: list[str] = []
+    first: dict[str, int] = {}
+    for index, deployment in enumerate(config.model_list):
+        params, info = deployment.litellm_params, deployment.model_info
+        warnings += model_key_warnings(index, (params.model_extra or {}).keys(), (info.model_extra or {}).keys())
+        earlier = first.setdefault(deployment.model_name, index)
+        if earlier != index:
+            same = params == config.model_list[earlier].litellm_params
+            warnings.append(
+                f"model_list[{index}]: model_name {deployment.model_name!r} is also model_list[{earlier}]'s"
+                + (" (the same litellm_params)" if same else "")
+                + "; only the first is used (several deployments of one model come in a later release)"
+            )
+    return warnings
+
+
+def parse_config(raw: Any, source: str = "<config>", needed: Needed | None = None) -> ProxyConfig:
+    """Validate a loaded config. ``needed`` limits the ``os.environ/`` references that must resolve to the
+    key paths it accepts (operator commands); a deployment with an unresolved one cannot be routed to."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
-    missing: list[str] = []
-    resolved = resolve_env_references(raw, missing=missing)
+    adapted = adapt_litellm_config(raw, GeneralSettings.model_fields)
+    resolver = _Resolver(adapted.environment, needed)
+    resolved = resolver(adapted.raw)
+    problems = resolver.missing + adapted.errors
+    if isinstance(resolved.get("general_settings"), dict):
+        resolved["general_settings"] = map_general_settings(resolved["general_settings"], problems)
     try:
         config = ProxyConfig.model_validate(resolved)
     except ValidationError as exc:
         # Every problem at once, unset variables first; not a second complaint about a reference left in place.
-        unset = {problem.split(": ", 1)[0] for problem in missing}
         found = [_describe(e) for e in exc.errors()]
-        raise ConfigError(source, missing + [p for p in found if p.split(": ", 1)[0] not in unset]) from None
-    if missing:
-        raise ConfigError(source, missing)
+        unset = {p.split(": ", 1)[0] for p in resolver.missing}
+        skipped = [resolver.skipped[p.split(": ", 1)[0]] for p in found if p.split(": ", 1)[0] in resolver.skipped]
+        unset |= set(resolver.skipped)
+        raise ConfigError(source, problems + skipped + [p for p in found if p.split(": ", 1)[0] not in unset]) from None
+    problems += _summary_model_problems(config)
+    if problems:
+        raise ConfigError(source, problems)
+    for path, problem in resolver.skipped.items():
+        if path.startswith("model_list["):
+            config.model_list[int(path[len("model_list[") : path.index("]")])]._unresolved.append(problem)
+    config._warnings = (
+        adapted.warnings + unused_environment(adapted.environment, resolver.referenced) + _model_list_warnings(config)
+    )
     return config
 
 
-def load_config(path: str | Path) -> ProxyConfig:
+def load_config(path: str | Path, needed: Needed | None = None) -> ProxyConfig:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read file: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not UTF-8 text (byte {exc.start})"]) from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
-    return parse_config(raw, str(path))
+        raise ConfigError(str(path), [f"not valid YAML: {_yaml_problem(exc, path)}"]) from None
+    return parse_config(raw, str(path), needed)
+
+
+def _yaml_problem(exc: yaml.YAMLError, path: Path) -> str:
+    """PyYAML's message, naming the file where it says ``"<unicode string>"``; marks count from 1."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return str(exc)
+    mark = exc.problem_mark
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}"
+    context = ""
+    if exc.context and exc.context_mark is not None:
+        context = f" ({exc.context} at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1})"
+    return f"{where}: {exc.problem}{context}"

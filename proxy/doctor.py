@@ -6,20 +6,25 @@ gap, summaries that link to exactly the sources they claim (leaves: their messag
 children that tile their range), so every message is reachable from the active context; per stored file,
 that it exists under the data directory (no symlinks), has mode 0600 in 0700 folders, and still has the
 content its hash names; and that every recorded payload path of a stored message holds a well-formed
-segments object whose file references all have their file.
+segments object whose file references all have their file. Files left behind by processes that died
+mid-request (partial pending files, stored files that no row names) are reported by count and size, and
+``--repair`` deletes them (``run_repair``; the rule that keeps that safe beside a running server is in
+``proxy.store.files``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import stat
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from proxy.engine.intercept import SEGMENTS_KEY
-from proxy.store.files import FileStore, UnsafePathError
+from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore, UnsafePathError
 from proxy.store.migrations import MIGRATIONS
 from proxy.store.sqlite import SQLiteStore
 
@@ -158,7 +163,46 @@ async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes:
                 problems.append(f"{file_id}: folder {folder} has mode {folder_mode:o}, expected 700")
         if verify_hashes and hashlib.sha256(resolved.read_bytes()).hexdigest() != sha:
             problems.append(f"{file_id}: content of {path} does not match its sha256")
+    partial, unnamed = await leftover_files(store, files)
+    if partial:
+        problems.append(f"files: {_amount(partial)} partial file(s) left by interrupted writes (--repair deletes them)")
+    if unnamed:
+        problems.append(f"files: {_amount(unnamed)} stored file(s) that no row names (--repair deletes them)")
     return sorted(set(problems))
+
+
+def _amount(found: Sequence[DiskFile]) -> str:
+    return f"{len(found)} ({sum(f.bytes for f in found):,} bytes)"
+
+
+async def leftover_files(store: SQLiteStore, files: FileStore) -> tuple[list[DiskFile], list[DiskFile]]:
+    """(partial files, stored files no row names) that no running request can still be writing: all of them
+    when no process is writing payloads, else only those older than ``PENDING_MAX_AGE``."""
+    with files.alone() as alone:
+        cutoff = time.time() if alone else time.time() - PENDING_MAX_AGE
+        partial = [f for f in files.partial_files() if alone or f.mtime < cutoff]
+        named = {str(r[0]) for r in await _rows(store, "SELECT path FROM files")}
+        unnamed = [f for f in files.stored_files() if f.relative not in named and (alone or f.mtime < cutoff)]
+    return partial, unnamed
+
+
+async def repair_files(store: SQLiteStore, files: FileStore, batch: int = 200) -> list[str]:
+    """Delete the leftovers ``leftover_files`` finds; one line per kind removed. A stored file is deleted only
+    in a write transaction that finds no row naming it (rows and their files are published together)."""
+    with files.alone() as alone:
+        cutoff = time.time() if alone else time.time() - PENDING_MAX_AGE
+        partial = [f for f in files.partial_files() if alone or f.mtime < cutoff]
+        partial = [f for f in partial if files.remove(f.relative)]  # no writer can start while we are alone
+    _, unnamed = await leftover_files(store, files)
+    removed: list[DiskFile] = []
+    for start in range(0, len(unnamed), batch):
+        chunk = unnamed[start : start + batch]
+        async with store.write() as tx:
+            named = await tx.known_file_paths([f.relative for f in chunk])
+            removed += [f for f in chunk if f.relative not in named and files.remove(f.relative)]
+    lines = [f"deleted {_amount(partial)} partial file(s) left by interrupted writes"] if partial else []
+    lines += [f"deleted {_amount(removed)} stored file(s) that no row named"] if removed else []
+    return lines
 
 
 async def _check_summary(store: SQLiteStore, cid: str, summary_id: str, seen: set[str]) -> list[str]:
@@ -209,4 +253,14 @@ async def run_doctor(data_dir: Path) -> list[str]:
         await store.close()
 
 
-__all__ = ["check_database", "run_doctor"]
+async def run_repair(data_dir: Path) -> list[str]:
+    """``doctor --repair``: delete leftover files (``repair_files``); what was deleted, one line per kind."""
+    store = SQLiteStore(data_dir)
+    await store.open()
+    try:
+        return await repair_files(store, FileStore(data_dir))
+    finally:
+        await store.close()
+
+
+__all__ = ["check_database", "repair_files", "run_doctor", "run_repair"]

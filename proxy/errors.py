@@ -13,9 +13,12 @@ the code base needs to know those libraries' exception types.
     ├── NotFoundError                404: unknown model, conversation, summary or file
     ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``
     ├── ConversationBusyError        409: concurrent requests kept changing the conversation; retry
+    ├── StoreBusyError               503: the database stayed locked by another process; retry
+    ├── ShuttingDownError            503: the server stopped before the request's answer began; retry
     └── UpstreamError                the provider failed: its status and its message
         ├── UpstreamConnectionError  502: the provider could not be reached
-        └── UpstreamTimeoutError     504: the provider did not answer in time
+        ├── UpstreamTimeoutError     504: the provider did not answer in time
+        └── UpstreamContextLengthError  the provider refused the prompt as longer than its window
 
     ConfigError                      the YAML configuration is invalid (never sent over HTTP)
 """
@@ -78,6 +81,7 @@ class InvalidRequestError(ProxyError):
 
 class ContextLengthExceeded(InvalidRequestError):
     code = "context_length_exceeded"
+    conversation_id: str | None = None  # the stored conversation the refused request belongs to
 
 
 class AuthenticationError(ProxyError):
@@ -107,6 +111,28 @@ class ConversationBusyError(ProxyError):
     code = "conversation_busy"
 
 
+class ShuttingDownError(ProxyError):
+    """The server stopped while the request was still being prepared (e.g. waiting for an inline compaction)
+    and nothing had been sent: the SDKs retry a 503, against another replica or once the proxy is back."""
+
+    status = 503
+    type = "server_error"
+    code = "shutting_down"
+
+
+class StoreBusyError(ProxyError):
+    """The database stayed locked by another process (another worker, the operator's CLI) for longer than the
+    store waits. Nothing was written for the request; retrying shortly succeeds once the lock is released."""
+
+    status = 503
+    type = "server_error"
+    code = "store_busy"
+    retry_after = 1  # seconds: the Retry-After header of the response
+
+    def __init__(self, message: str = "The database is busy (another process holds its write lock); retry.") -> None:
+        super().__init__(message)
+
+
 class UpstreamError(ProxyError):
     status = 502
     type = "upstream_error"
@@ -120,6 +146,12 @@ class UpstreamConnectionError(UpstreamError):
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+class UpstreamContextLengthError(UpstreamError):
+    """The provider's own "prompt too long" refusal, with its status, type and code kept as it sent them."""
+
+    status = 400
 
 
 class ConfigError(Exception):

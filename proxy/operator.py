@@ -1,7 +1,10 @@
-"""Operator commands over the database: ``conversations``, ``show``, ``export``.
+"""Operator commands over the database: ``conversations``, ``show``, ``export``, ``grep``, ``describe``,
+``compact``.
 
-They read the same SQLite file as the server (WAL allows that while it runs). The operator sees every
-tenant; ``--tenant`` narrows the view.
+They read the same SQLite file as the server (WAL allows that while it runs), and need nothing but its
+directory: only ``compact`` calls a model, so only it needs the config's model list and credentials. The
+operator sees every tenant; ``--tenant`` narrows the view. A conversation is named by its id or by the key
+its client sends in ``X-LCM-Conversation-Id``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from typing import Any
 import orjson
 
 from proxy.config import ProxyConfig
+from proxy.engine.admin import names_by_key
 from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallError, RecallTools
+from proxy.errors import ConfigError
 from proxy.store.files import FileStore, UnsafePathError
 from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite import DB_NAME, SQLiteStore
@@ -40,8 +45,8 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 class Operator:
-    def __init__(self, config: ProxyConfig) -> None:
-        self.data_dir = config.general_settings.resolved_data_dir()
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
         self.store = SQLiteStore(self.data_dir)
         self.files = FileStore(self.data_dir)
 
@@ -53,6 +58,23 @@ class Operator:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.store.close()
+
+    async def find(self, name: str, tenant: str | None) -> str:
+        """The id of the conversation ``name`` names: its id, else the client's own key for it."""
+        c = await self.store.read.conversation(tenant, name)
+        if c is not None:
+            return c.id
+        if not names_by_key(name):
+            raise LookupError(f"no conversation {name}")
+        if tenant is not None:
+            by_key = [c] if (c := await self.store.read.conversation_by_key(tenant, name)) else []
+        else:
+            by_key = await self.store.read.conversations_by_key(name)
+        if len(by_key) > 1:
+            raise LookupError(f"conversation key {name} is used by several tenants: pass --tenant")
+        if not by_key:
+            raise LookupError(f"no conversation {name}")
+        return by_key[0].id
 
     async def conversations(self, tenant: str | None, limit: int) -> str:
         records = await self.store.read.conversations(tenant, limit)
@@ -138,13 +160,14 @@ class Operator:
         target = ModelRouter(config.model_list).resolve(alias)
         summarizer = UpstreamSummarizer(Upstream(config.general_settings), target, config.lcm_settings.summary_timeout)
         engine = ContextEngine(self.store, self.files, config.lcm_settings)
-        report = await engine.compactor.sweep(c.id, summarizer)
+        report = await engine.compact(c.id, summarizer)  # waits for a sweep of it in the server (its lease)
         return (
             f"compacted {c.id} with {alias}: {report.leaf_passes} leaf and {report.condensed_passes} condensed"
             f" passes{' (tool results stubbed)' if report.stubbed else ''}, {report.fallbacks} fallback(s),"
             f" context {report.tokens_before} -> {report.tokens_after} tokens"
             + (" [summary model refused credentials]" if report.unavailable else "")
             + (" [conflict: another process compacted meanwhile]" if report.conflict else "")
+            + (" [busy: the server kept compacting it; try again]" if report.busy else "")
         )
 
     async def grep(self, pattern: str, conversation_id: str, tenant: str | None, mode: str, limit: int) -> str:
@@ -184,35 +207,38 @@ class Operator:
         return await export_conversation(self.store, self.files, tenant, conversation_id)
 
 
-def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
+def _write_all(data: bytes) -> None:
+    """All of ``data`` to stdout. A pipe whose reader leaves mid-write takes part of it and reports no error
+    (the write returns a short count); the next write raises BrokenPipeError, as it should."""
+    view = memoryview(data)
+    while view:
+        view = view[sys.stdout.buffer.write(view) :]
+
+
+def run_operator(data_dir: Path, command: str, config: ProxyConfig | None = None, **kwargs: Any) -> int:
+    """Run one operator command on the database in ``data_dir``; ``config`` is needed by ``compact`` only."""
+
     async def main() -> int:
-        async with Operator(config) as op:
+        async with Operator(data_dir) as op:
+            tenant = kwargs.get("tenant")
+            named = kwargs.get("conversation_id")
+            conversation = "" if named is None else await op.find(named, tenant)
             if command == "conversations":
-                print(await op.conversations(kwargs.get("tenant"), kwargs.get("limit", 100)))
+                print(await op.conversations(tenant, kwargs.get("limit", 100)))
             elif command == "show":
-                print(await op.show(kwargs["conversation_id"], kwargs.get("tenant")))
+                print(await op.show(conversation, tenant))
             elif command == "grep":
-                print(
-                    await op.grep(
-                        kwargs["pattern"],
-                        kwargs["conversation_id"],
-                        kwargs.get("tenant"),
-                        kwargs["mode"],
-                        kwargs["limit"],
-                    )
-                )
+                print(await op.grep(kwargs["pattern"], conversation, tenant, kwargs["mode"], kwargs["limit"]))
             elif command == "describe":
-                print(
-                    await op.describe(
-                        kwargs["item_id"], kwargs.get("tenant"), kwargs.get("start_line"), kwargs.get("end_line")
-                    )
-                )
+                print(await op.describe(kwargs["item_id"], tenant, kwargs.get("start_line"), kwargs.get("end_line")))
             elif command == "compact":
-                print(await op.compact(kwargs["conversation_id"], kwargs.get("tenant"), kwargs.get("model"), config))
+                if config is None:
+                    raise LookupError("compact calls the summary model: it needs --config")
+                print(await op.compact(conversation, tenant, kwargs.get("model"), config))
             elif command == "export":
-                data = await op.export(kwargs["conversation_id"], kwargs.get("tenant"))
-                sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-                sys.stdout.flush()
+                data = await op.export(conversation, tenant)
+                _write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+            sys.stdout.flush()  # a closed pipe shows here, as BrokenPipeError, for the CLI to handle
         return 0
 
     try:
@@ -220,6 +246,11 @@ def run_operator(config: ProxyConfig, command: str, **kwargs: Any) -> int:
     except (LookupError, RecallError) as exc:
         print(f"lcm-proxy: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(f"lcm-proxy: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        raise  # the reader went away (``| head``): not an error of the database
     except (OSError, UnsafePathError) as exc:
         print(f"lcm-proxy: {exc}", file=sys.stderr)
         return 1

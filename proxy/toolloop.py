@@ -4,8 +4,16 @@ When the upstream answers with calls to recall tools only, the proxy executes th
 its results to *its own* copy of the messages (never to the client's transcript, never to the store) and
 asks again, up to ``max_tool_rounds`` rounds; the last round is offered only the client's own tools, so it
 must answer. Calls to the client's tools are returned to the client as usual (recall calls mixed into the
-same answer are dropped). Usage is summed over the rounds. Streaming relays text as it arrives, holds tool
-call deltas and the finish chunk until the round's outcome is known, and never repeats what was sent.
+same answer are dropped: a recall call never reaches the client). Usage is summed over the rounds.
+
+Every round is read by one ``proxy.rounds.Round``, streamed or not, so both paths see the same calls and the
+same text. Streaming relays text as it arrives (also text that shares a chunk with a tool call or the
+finish), holds tool-call deltas and the finish until the round's outcome is known, and never repeats what
+was sent.
+
+No round's request exceeds the budget: the loop starts with ``room``, the tokens left after the assembled
+context, and every appended call and result comes out of it. When even the calls with one-line results
+would not fit, nothing is appended and the next round is the final one, asked again without recall tools.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from proxy.engine.recall import RECALL_TOOL_NAMES, RECALL_TOOLS, clip_to_tokens
-from proxy.engine.tokens import count_message
+from proxy.engine.tokens import count_message, count_text
+from proxy.rounds import Round
 from proxy.routing import ResolvedModel
 from proxy.types import ChatBody, Chunk, JSONObject, Message
-from proxy.upstream import Upstream
+from proxy.upstream import Upstream, describe_upstream
 
 RunTool = Callable[[str, str], Awaitable[str]]
 
@@ -58,11 +67,44 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
             total[key] = total.get(key, 0) + value
 
 
+def _split(chunk: Chunk, base: dict[str, Any], round_index: int) -> tuple[Chunk | None, Chunk | None]:
+    """What of a streamed chunk goes to the client now, and its finish, held until the round's outcome is
+    known. Tool-call deltas are held by the ``Round``; everything else in the delta goes on at once."""
+    choice = next((c for c in chunk["choices"] if c.get("index", 0) == 0), None)
+    if choice is None:
+        return None, None
+    envelope = {**{k: v for k, v in chunk.items() if k not in ("choices", "usage")}, **base}
+    delta = choice.get("delta") or {}
+    # One role delta per answer, not one per round.
+    rest = {k: v for k, v in delta.items() if k != "tool_calls" and not (k == "role" and round_index > 0)}
+    reason = choice.get("finish_reason")
+    if not reason and rest == delta:
+        return {**envelope, "choices": [choice]}, None
+    finish = {**envelope, "choices": [{**choice, "delta": {}}]} if reason else None
+    if not any(value not in (None, "") for value in rest.values()):
+        return None, finish
+    if finish is not None:  # the relayed part carries the logprobs; the finish does not repeat them
+        finish["choices"][0].pop("logprobs", None)
+    return {**envelope, "choices": [{**choice, "delta": rest, "finish_reason": None}]}, finish
+
+
 ROOM_FLOOR = 200  # below this many free tokens, the next round is the final one (no more recall tools)
 CALL_OVERHEAD = 24  # tokens of an appended assistant call / tool result message beyond its text
+MIN_RESULT = 50  # a recall result smaller than this many tokens is useless: the call is not run
+CLIP_NOTE = 24  # tokens of the note clip_to_tokens appends to a clipped result
 # Recall calls run per round. A prompt-injected model could ask for hundreds of expensive greps at once;
 # calls past this many are answered with an error and not run.
 MAX_CALLS_PER_ROUND = 8
+NO_ROOM = "Error: the context has no room left for more recall results; answer with what you have."
+CAPPED = f"Error: at most {MAX_CALLS_PER_ROUND} recall calls run per round; this one was not run."
+
+
+def _result(call: dict[str, Any], text: str) -> Message:
+    return {"role": "tool", "tool_call_id": call.get("id"), "content": text}
+
+
+def _cost(message: Message) -> int:
+    return count_message(message) + CALL_OVERHEAD
 
 
 class RecallLoop:
@@ -77,6 +119,7 @@ class RecallLoop:
         # it, so no round's request can exceed the budget (Bounded holds for the whole loop).
         self.room = room
         self.final_round = max_rounds - 1
+        self.source = describe_upstream(target)  # names the upstream in errors about its answers
 
     def _request(
         self, body: ChatBody, messages: list[Message], round_index: int, client_tools: list[Any] | None
@@ -88,26 +131,30 @@ class RecallLoop:
 
     async def _append_round(
         self, messages: list[Message], content: str | None, calls: list[dict[str, Any]], round_index: int
-    ) -> None:
-        """Append the recall calls and their results, clipped to the room left; end the loop when full."""
+    ) -> bool:
+        """Append the recall calls and their results, within the room left. False, with nothing appended and
+        the next round made the final one, when not even the calls with one-line results fit."""
         call_message: Message = {"role": "assistant", "content": content, "tool_calls": calls}
-        self.room -= count_message(call_message) + CALL_OVERHEAD
-        share = max(0, self.room // max(1, len(calls)) - CALL_OVERHEAD)
-        results: list[Message] = []
-        for position, call in enumerate(calls):
-            fn = call.get("function") or {}
-            if position >= MAX_CALLS_PER_ROUND:
-                text = f"Error: at most {MAX_CALLS_PER_ROUND} recall calls run per round; this one was not run."
-            elif share < 50:
-                text = "Error: the context has no room left for more recall results; answer with what you have."
-            else:
-                text = clip_to_tokens(await self.run_tool(str(fn.get("name")), str(fn.get("arguments") or "{}")), share)
-            result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
-            self.room -= count_message(result) + CALL_OVERHEAD
-            results.append(result)
+        results = [_result(c, CAPPED if i >= MAX_CALLS_PER_ROUND else NO_ROOM) for i, c in enumerate(calls)]
+        floor = _cost(call_message) + sum(_cost(r) for r in results)
+        if floor > self.room:
+            self.final_round = min(self.final_round, round_index + 1)
+            return False
+        running = calls[:MAX_CALLS_PER_ROUND]
+        # Each result may grow past its one-line stand-in by an equal share of what the floor leaves free.
+        share = (self.room - floor) // len(running)
+        if share >= MIN_RESULT:
+            allowance = share + count_text(NO_ROOM)
+            for position, call in enumerate(running):
+                fn = call["function"]
+                text = clip_to_tokens(await self.run_tool(fn["name"], fn["arguments"] or "{}"), allowance - CLIP_NOTE)
+                if count_text(text) <= allowance:
+                    results[position] = _result(call, text)
+        self.room -= _cost(call_message) + sum(_cost(r) for r in results)
         messages += [call_message, *results]
         if self.room < ROOM_FLOOR:
             self.final_round = min(self.final_round, round_index + 1)
+        return True
 
     async def complete(self, body: ChatBody, client_tools: list[Any] | None) -> JSONObject:
         client_names = {tool_name(t) for t in client_tools or []}
@@ -116,20 +163,21 @@ class RecallLoop:
         earlier_text: list[str] = []  # text said before a recall call: streaming shows it, so this does too
         for round_index in range(self.max_rounds):
             result = await self.upstream.complete(self.target, self._request(body, messages, round_index, client_tools))
-            _add_usage(usage, result.get("usage"))
-            choices = result.get("choices") or []
-            message = choices[0].get("message", {}) if len(choices) == 1 else {}
-            calls = message.get("tool_calls") or []
+            answer = Round.from_response(result, self.source)
+            _add_usage(usage, answer.usage)
+            calls = answer.calls
             recall = [c for c in calls if _is_recall(c, client_names)]
             if recall and len(recall) == len(calls) and round_index < self.final_round:
-                if isinstance(message.get("content"), str) and message["content"]:
-                    earlier_text.append(message["content"])
-                await self._append_round(messages, message.get("content"), recall, round_index)
+                if answer.text:
+                    earlier_text.append(answer.text)
+                await self._append_round(messages, answer.text or None, calls, round_index)
                 continue
-            if earlier_text and message:
+            choices = result.get("choices") or []
+            message = choices[0]["message"] if choices else None  # checked by Round.from_response
+            if message is not None and earlier_text:
                 message["content"] = "".join(earlier_text) + (message.get("content") or "")
-            if recall:  # mixed with the client's calls, or out of rounds: the client never sees recall calls
-                kept = [c for c in calls if not _is_recall(c, client_names)]
+            if message is not None and recall:  # mixed with the client's calls, or out of rounds
+                kept = [c for c in message.get("tool_calls") or [] if not _is_recall(c, client_names)]
                 if kept:
                     message["tool_calls"] = kept
                 else:
@@ -167,69 +215,33 @@ class RecallLoop:
         base: dict[str, Any] = {}  # id/object/created/model of the first answer chunk, reused for every round
         self._current = stream
         for round_index in range(self.max_rounds):
-            calls: dict[int, dict[str, Any]] = {}
-            call_deltas: dict[int, list[Chunk]] = {}
+            answer = Round(self.source)
             finish: Chunk | None = None
-            text: list[str] = []
             async for chunk in stream:
-                choices = chunk.get("choices") or []
-                if not choices:  # usage, or a provider's preamble (Azure's content-filter chunk has empty ids)
-                    _add_usage(usage, chunk.get("usage"))
+                answer.add(chunk)  # checks the chunk: a malformed one ends the stream as upstream_bad_stream
+                if not chunk.get("choices"):  # usage, or a provider's preamble (Azure's has empty ids)
                     continue
                 if not base:
                     base = {k: chunk[k] for k in ("id", "object", "created", "model") if chunk.get(k)}
-                chunk = {**chunk, **base}
-                choice = choices[0]
-                delta = choice.get("delta") or {}
-                if round_index > 0 and "role" in delta:  # one role delta per answer, not one per round
-                    delta = {k: v for k, v in delta.items() if k != "role"}
-                    choice = {**choice, "delta": delta}
-                    chunk = {**chunk, "choices": [choice]}
-                    if not delta and not choice.get("finish_reason"):
-                        continue
-                if delta.get("tool_calls"):
-                    for tool_delta in delta["tool_calls"]:
-                        index = int(tool_delta.get("index", 0))
-                        entry = calls.setdefault(
-                            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                        )
-                        entry["id"] = tool_delta.get("id") or entry["id"]
-                        fn = tool_delta.get("function") or {}
-                        entry["function"]["name"] += fn.get("name") or ""
-                        entry["function"]["arguments"] += fn.get("arguments") or ""
-                        single = {
-                            **chunk,
-                            "choices": [{**choice, "delta": {"tool_calls": [tool_delta]}, "finish_reason": None}],
-                        }
-                        call_deltas.setdefault(index, []).append(single)
-                    rest = {k: v for k, v in delta.items() if k != "tool_calls"}
-                    if choice.get("finish_reason"):  # some providers finish in the same chunk as the last delta
-                        finish = {**chunk, "choices": [{**choice, "delta": {}}]}
-                    if not rest.get("content"):
-                        continue
-                    # The content of the same chunk goes on now; its finish (kept above) goes last.
-                    delta, choice = rest, {**choice, "delta": rest, "finish_reason": None}
-                    chunk = {**chunk, "choices": [choice]}
-                if choice.get("finish_reason"):
-                    finish = chunk
-                    continue
-                if isinstance(delta.get("content"), str):
-                    text.append(delta["content"])
-                yield chunk
-            recall = [i for i, c in calls.items() if _is_recall(c, client_names)]
+                now, held = _split(chunk, base, round_index)
+                finish = held or finish
+                if now is not None:
+                    yield now
+            _add_usage(usage, answer.usage)
+            calls = answer.calls
+            recall = [i for i, c in enumerate(calls) if _is_recall(c, client_names)]
             if recall and len(recall) == len(calls) and round_index < self.final_round:
-                recall_calls = [calls[i] for i in sorted(recall)]
-                await self._append_round(messages, "".join(text) or None, recall_calls, round_index)
+                await self._append_round(messages, answer.text or None, calls, round_index)
                 stream = await self.upstream.open_stream(
                     self.target, self._request(body, messages, round_index + 1, client_tools)
                 )
                 self._current = stream
                 continue
-            kept = [i for i in sorted(calls) if i not in recall]
+            kept = [i for i in range(len(calls)) if i not in recall]
             for position, index in enumerate(kept):  # the client's own calls, renumbered without the recall ones
-                for piece in call_deltas[index]:
-                    tool_delta = {**piece["choices"][0]["delta"]["tool_calls"][0], "index": position}
-                    yield {**piece, "choices": [{**piece["choices"][0], "delta": {"tool_calls": [tool_delta]}}]}
+                for piece in answer.call_deltas(index):
+                    delta = {"tool_calls": [{**piece, "index": position}]}
+                    yield {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
             if finish is not None:
                 if recall and not kept:
                     finish = {**finish, "choices": [{**finish["choices"][0], "finish_reason": "stop"}]}

@@ -8,11 +8,14 @@ Three jobs:
   (``developer`` -> ``system``, dropped ``refusal: null``/``content: null``) never reach the wire. Other
   providers get the standard OpenAI parameters as keyword arguments, for LiteLLM to translate.
 * **No hidden retries, real timeouts.** LiteLLM's and the OpenAI SDK's retries are switched off; the proxy's
-  own ``upstream_retries`` applies before the first byte only.
-* **One error boundary.** ``map_litellm_exceptions`` turns every LiteLLM/OpenAI/httpx/aiohttp exception into
-  a ``proxy.errors.UpstreamError`` carrying the upstream's status and message (mapped by ``status_code``,
-  not by class, because LiteLLM reports e.g. a 503 as ``BadRequestError``). Every message leaving it, and
-  every error event inside a stream, goes through ``redact_upstream_message``.
+  own ``upstream_retries`` applies before the first byte only. A stream's timeout counts data, not bytes: an
+  upstream that sends only keep-alive comments is cut off like one that sends nothing.
+* **One error boundary.** ``proxy.upstream_errors.map_litellm_exceptions`` turns every LiteLLM/OpenAI/httpx/
+  aiohttp exception into a ``proxy.errors.UpstreamError`` carrying the upstream's status and fields. What the
+  upstream answered is checked before anything reads it (``proxy.upstream_stream``, ``proxy.rounds``): a
+  malformed answer is a 502 naming the upstream (``upstream_bad_response``, ``upstream_bad_stream``), never a
+  500. Every message leaving it, and every error event inside a stream, goes through
+  ``redact_upstream_message``.
 """
 
 from __future__ import annotations
@@ -24,19 +27,39 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from proxy.config import GeneralSettings
-from proxy.errors import ProxyError, UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
-from proxy.redaction import credential_values, environment_credentials, redact_credentials, rules
+from proxy.errors import UpstreamError
+from proxy.redaction import credential_values, environment_credentials, rules
+from proxy.rounds import Round
 from proxy.routing import ResolvedModel
 from proxy.types import ChatBody, Chunk, JSONObject
+from proxy.upstream_errors import (
+    DEFAULT_UPSTREAM,
+    describe_upstream,
+    is_context_length_error,
+    map_litellm_exceptions,
+    redact_upstream_message,
+    request_not_sent,
+    translate_exception,
+)
+from proxy.upstream_stream import UpstreamStream, sse_chunks, truncated
+
+__all__ = [
+    "Upstream",
+    "UpstreamStream",
+    "describe_upstream",
+    "is_context_length_error",
+    "load_litellm",
+    "redact_upstream_message",
+    "translate_exception",
+]
 
 log = logging.getLogger("lcm_proxy.upstream")
 
@@ -129,77 +152,9 @@ def _is_passthrough(params: dict[str, Any]) -> bool:
     return _is_passthrough_model(str(params["model"]), params.get("custom_llm_provider"), params.get("api_base"))
 
 
-# --- error translation -------------------------------------------------------------------------------------
-
-
-def _walk_causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _is_timeout(exc: BaseException) -> bool:
-
-    names = {"Timeout", "APITimeoutError", "ReadTimeout", "ServerTimeoutError"}
-    return any(
-        type(e).__name__ in names or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
-        for e in _walk_causes(exc)
-    )
-
-
-def _is_connection_failure(exc: BaseException) -> bool:
-
-    for e in _walk_causes(exc):
-        if isinstance(e, httpx.ConnectError | ConnectionError) or type(e).__name__ in (
-            "APIConnectionError",
-            "ClientConnectorError",
-            "ClientConnectionError",
-            "ServerDisconnectedError",
-        ):
-            return True
-    return False
-
-
-def _is_cut_off(exc: BaseException) -> bool:
-    """The connection broke while a response body was being read (reset, incomplete chunked body)."""
-    return any(
-        (isinstance(e, httpx.TransportError) and not isinstance(e, httpx.TimeoutException))
-        or type(e).__name__ in ("ClientPayloadError", "ServerDisconnectedError")
-        for e in _walk_causes(exc)
-    )
-
-
-MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale, together
-
-
-def _request_not_sent(exc: BaseException) -> bool:
-    """Writing the request failed: a pooled keep-alive connection that the upstream closed just as it was
-    reused (a busy event loop widens that window). The upstream received no complete request."""
-    return any(
-        isinstance(e, httpx.WriteError) or type(e).__name__ == "ClientConnectionResetError" for e in _walk_causes(exc)
-    )
-
-
-def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, str | None]:
-    """The upstream's own error message, type, code and param, when the exception carries them."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            code = err.get("code")
-            return err["message"], err.get("type"), str(code) if code is not None else None, err.get("param")
-    message = str(getattr(exc, "message", None) or exc)
-    # LiteLLM prefixes messages with its class and provider: "litellm.BadRequestError: OpenAIException - ...".
-    if " - " in message and message.startswith("litellm."):
-        message = message.split(" - ", 1)[1]
-    return message, None, None, None
-
-
 # Not a credential: the key sent to an api_base configured without one (see ``Upstream._kwargs``).
 PLACEHOLDER_KEY = "no-key-configured"
+MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale, together
 
 
 def call_credentials(params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -208,49 +163,6 @@ def call_credentials(params: Mapping[str, Any]) -> tuple[str, ...]:
     from the environment are added by ``redact_upstream_message`` itself."""
     own = {k: v for k, v in params.items() if k not in TRANSLATED_PARAMS and k not in ("messages", "extra_body")}
     return tuple(v for v in credential_values(own) if v != PLACEHOLDER_KEY)
-
-
-def redact_upstream_message(message: str, credentials: Iterable[str] = ()) -> str:
-    """The one redaction of upstream text (error messages, mid-stream error events). Providers echo the
-    credential they were sent, whole or in part ("Incorrect API key provided: sk-upstr**********6789"); it
-    must reach neither the client nor the log. Masks the call's credentials, the environment's, partial
-    echoes of either, and anything shaped like a key."""
-    return redact_credentials(message, credentials)
-
-
-def translate_exception(
-    exc: BaseException, timeout: float | None = None, credentials: Iterable[str] = ()
-) -> ProxyError:
-    if isinstance(exc, ProxyError):
-        return exc
-    status = getattr(exc, "status_code", None)
-    if _is_timeout(exc) or status == 408:
-        limit = f" within {timeout:g} s" if timeout else ""
-        return UpstreamTimeoutError(f"The upstream provider did not respond{limit}.")
-    has_response = getattr(exc, "response", None) is not None and getattr(exc, "body", None) is not None
-    if not has_response and _is_connection_failure(exc):
-        return UpstreamConnectionError("Could not connect to the upstream provider.")
-    # Every field the provider wrote reaches the client: each is redacted, not only the message.
-    message, kind, code, param = (
-        redact_upstream_message(field, credentials) if field is not None else None for field in _upstream_fields(exc)
-    )
-    message = message or "The upstream provider reported an error."
-    if isinstance(status, int) and 400 <= status < 600:
-        return UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
-    return UpstreamError(f"Upstream call failed: {message}", status=502)
-
-
-@contextmanager
-def map_litellm_exceptions(timeout: float | None = None, credentials: Iterable[str] = ()) -> Iterator[None]:
-    try:
-        yield
-    except (ProxyError, asyncio.CancelledError):
-        raise
-    except Exception as exc:
-        translated = translate_exception(exc, timeout, credentials)
-        # Only the translated (redacted) message: the exception itself holds the provider's raw text.
-        log.info("upstream error %s: %s", translated.status, translated.message)
-        raise translated from exc
 
 
 # --- response shapes ---------------------------------------------------------------------------------------
@@ -297,14 +209,6 @@ def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
 # --- calls -------------------------------------------------------------------------------------------------
 
 
-def _truncated() -> UpstreamError:
-    return UpstreamError(
-        "The upstream provider closed the stream before the response was complete.",
-        status=502,
-        code="upstream_stream_truncated",
-    )
-
-
 async def _litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Chunk]:
     """Chunks as LiteLLM translated them: providers that do not speak OpenAI's wire format."""
     async for chunk in wrapper:
@@ -312,121 +216,10 @@ async def _litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Ch
         # must learn its answer was cut, so a finish the upstream never sent becomes an error instead.
         finished = any(getattr(c, "finish_reason", None) for c in getattr(chunk, "choices", []) or [])
         if finished and getattr(wrapper, "received_finish_reason", "unknown") is None:
-            raise _truncated()
+            raise truncated()
         data = chunk_to_json(chunk, include_usage)
         if data is not None:
             yield data
-
-
-async def _sse_chunks(
-    response: httpx.Response, include_usage: bool, credentials: Iterable[str] = ()
-) -> AsyncIterator[Chunk]:
-    """An OpenAI-compatible upstream's own SSE events, relayed as sent.
-
-    LiteLLM has opened the call (routing, credentials, timeouts, error mapping), but for a provider that
-    already speaks OpenAI's format its per-chunk work only costs: the OpenAI SDK builds a pydantic object
-    per event and LiteLLM rebuilds it as its own (~0.35 ms of CPU per chunk), rewrites ``created``, wraps
-    the usage chunk in a fake choice and reports a cut stream as a clean "stop". Reading the response's
-    lines ourselves keeps the upstream's chunks exactly as sent."""
-    started: set[int] = set()  # choice indexes seen, and those that finished (n > 1 streams interleave them)
-    finished: set[int] = set()
-    data_lines: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data_lines.append(line[5:].lstrip())
-            continue
-        if line or not data_lines:
-            continue  # comments (": keep-alive"), event:/id:/retry: fields, repeated blank lines
-        payload, data_lines = "\n".join(data_lines), []
-        if payload == "[DONE]":
-            break
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(
-                "The upstream provider sent a stream event that is not JSON.", status=502, code="upstream_bad_stream"
-            ) from None
-        if not isinstance(event, dict):
-            continue
-        if event.get("error") and not event.get("choices"):
-            _raise_stream_error(event["error"], credentials)
-        choices = event.get("choices") or []
-        for choice in choices if isinstance(choices, list) else []:
-            if isinstance(choice, dict):
-                index = choice.get("index", 0)
-                index = index if isinstance(index, int) else 0
-                started.add(index)
-                if choice.get("finish_reason"):
-                    finished.add(index)
-        if event.get("usage") is not None and not choices and not include_usage:
-            continue  # a usage chunk the client did not ask for
-        yield event
-    if not started or started - finished:
-        raise _truncated()  # some choice (or the whole answer) never reached its finish_reason
-
-
-def _raise_stream_error(error: Any, credentials: Iterable[str] = ()) -> None:
-    """An error event inside the upstream's stream, as the OpenAI SDK would have raised it."""
-    body: dict[str, Any] = error if isinstance(error, dict) else {"message": str(error)}
-    code = body.get("code")
-    status = code if isinstance(code, int) and 400 <= code < 600 else 502
-    raise UpstreamError(
-        redact_upstream_message(
-            str(body.get("message") or "The upstream provider reported an error mid-stream."), credentials
-        ),
-        status=status,
-        type=redact_upstream_message(str(body.get("type") or "upstream_error"), credentials),
-        code=redact_upstream_message(code, credentials) if isinstance(code, str) else None,
-    )
-
-
-class UpstreamStream:
-    """An open streamed completion: async-iterates OpenAI chunk dicts, always closed exactly once."""
-
-    def __init__(
-        self, wrapper: Any, chunks: AsyncIterator[Chunk], timeout: float, credentials: Iterable[str] = ()
-    ) -> None:
-        self._wrapper = wrapper
-        self._chunks = chunks
-        self._timeout = timeout
-        self._credentials = tuple(credentials)
-        self._first: Chunk | None = None
-
-    async def prime(self) -> None:
-        """Read the first chunk now: failures before the first byte become a real HTTP status."""
-        self._first = await self.next_chunk()
-
-    async def next_chunk(self) -> Chunk | None:
-        """The next chunk, or None at the end; every failure leaves as an ``UpstreamError``."""
-        try:
-            with map_litellm_exceptions(self._timeout, self._credentials):
-                return await anext(self._chunks, None)
-        except UpstreamError as error:
-            # A connection that breaks mid-body is a cut-off stream too, not the provider's own error.
-            if (
-                isinstance(error, UpstreamTimeoutError)
-                or error.code == "upstream_stream_truncated"
-                or not _is_cut_off(error)
-            ):
-                raise
-            raise _truncated() from error
-
-    async def __aiter__(self) -> AsyncIterator[Chunk]:
-        try:
-            chunk, self._first = self._first, None
-            while chunk is not None:
-                yield chunk
-                chunk = await self.next_chunk()
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        for close in (getattr(self._chunks, "aclose", None), getattr(self._wrapper, "aclose", None)):
-            if close is not None:
-                try:
-                    await close()
-                except Exception:  # closing a broken connection must never mask the real outcome
-                    log.debug("error while closing upstream stream", exc_info=True)
 
 
 class Upstream:
@@ -497,7 +290,9 @@ class Upstream:
             kwargs["_skip_mcp_handler"] = True  # else tools=[...] needs the optional 'mcp' package
         return kwargs, timeout
 
-    async def _call(self, kwargs: dict[str, Any], timeout: float) -> Any:
+    async def _call(self, kwargs: dict[str, Any], timeout: float, upstream: str = DEFAULT_UPSTREAM) -> Any:
+        """Make the call (resending a request that never left, retrying as configured). ``upstream`` names the
+        provider in the errors the proxy words itself (see ``describe_upstream``)."""
         attempt = 0
         resent = 0
         credentials = call_credentials(kwargs)
@@ -511,13 +306,14 @@ class Upstream:
             )
         while True:
             try:
-                with map_litellm_exceptions(timeout, credentials), _without_success_logging():
+                with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
                     return await self._litellm.acompletion(**kwargs)
             except UpstreamError as exc:
-                if resent < MAX_UNSENT_RESENDS and _request_not_sent(exc):
+                if resent < MAX_UNSENT_RESENDS and request_not_sent(exc):
                     resent += 1  # not a retry (the upstream saw nothing): at once, on another connection
                     continue
-                retryable = exc.status == 429 or exc.status >= 500
+                # A body that could not be read was answered (and billed): the same request is not sent again.
+                retryable = (exc.status == 429 or exc.status >= 500) and exc.code != "upstream_bad_response"
                 if not retryable or attempt >= self._settings.upstream_retries:
                     raise
                 attempt += 1
@@ -550,21 +346,26 @@ class Upstream:
 
     async def complete(self, target: ResolvedModel, body: ChatBody) -> JSONObject:
         kwargs, timeout = self._kwargs(target, body, stream=False)
-        response = await self._call(kwargs, timeout)
-        return response_to_json(response)
+        upstream = describe_upstream(target)
+        result = response_to_json(await self._call(kwargs, timeout, upstream))
+        # What LiteLLM let through must still be an answer every reader can use (a tool call with no name
+        # is not): a 502 naming the upstream, here, for the plain path and the recall loop alike.
+        Round.from_response(result, upstream)
+        return result
 
     async def open_stream(self, target: ResolvedModel, body: ChatBody) -> UpstreamStream:
         """Start a streamed completion and wait for its first chunk, so early failures raise here."""
         kwargs, timeout = self._kwargs(target, body, stream=True)
-        wrapper = await self._call(kwargs, timeout)
+        upstream = describe_upstream(target)
+        wrapper = await self._call(kwargs, timeout, upstream)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
         credentials = call_credentials(kwargs)
         if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
-            chunks = _sse_chunks(response, include_usage, credentials)
+            chunks = sse_chunks(response, include_usage, credentials, upstream)
         else:
             chunks = _litellm_chunks(wrapper, include_usage)
-        stream = UpstreamStream(wrapper, chunks, timeout, credentials)
+        stream = UpstreamStream(wrapper, chunks, timeout, credentials, upstream)
         try:
             await stream.prime()
         except BaseException:

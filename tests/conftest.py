@@ -22,22 +22,83 @@ os.environ.pop("OPENAI_API_KEY", None)
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 
 
-@pytest.fixture(scope="session")
-def fake_upstream_server() -> Iterator[tuple[FakeUpstream, str]]:
-    fake = FakeUpstream()
-    with serve_in_thread(fake.app) as url:
-        yield fake, url
+# Tests marked ``slow`` (``pytest -m "not slow"`` is the quick loop; the README's command and CI run them all):
+# server processes SIGKILLed or run with several workers, the load run, benchmark smoke runs, fuzzing, and
+# tests that wait out real timeouts. A file name marks every test in it; ``file::test`` (a prefix of the test's
+# name, parameters included) marks those tests only.
+SLOW = (
+    "test_crash.py",
+    "test_load.py::test_load_run_loses_nothing_and_duplicates_nothing",
+    "test_multiprocess.py",
+    "test_bench_smoke.py",
+    "test_fidelity.py::test_the_command_prints_its_table",
+    "test_fidelity.py::test_a_real_model_answers_through_lcm_proxy",
+    "test_fuzz.py",
+    "test_faults.py",
+    "test_bounded_work.py::test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled",
+    "test_upstream_errors.py::test_upstream_error_table[read_timeout",
+)
+TESTS = Path(__file__).parent
 
 
-@pytest.fixture
-def fake_upstream(fake_upstream_server: tuple[FakeUpstream, str]) -> FakeUpstream:
-    fake, _ = fake_upstream_server
+def _check_slow_entries() -> None:
+    """A renamed file or test must not drop out of the list silently (and into the quick loop)."""
+    for entry in SLOW:
+        file, _, test = entry.partition("::")
+        path = TESTS / file
+        if not path.is_file():
+            raise pytest.UsageError(f"tests/conftest.py SLOW names {file}, which does not exist")
+        name = test.split("[")[0]
+        if name and f"def {name}" not in path.read_text(encoding="utf-8"):
+            raise pytest.UsageError(f"tests/conftest.py SLOW names {entry}, which {file} does not define")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _check_slow_entries()
+    for item in items:
+        if f"{item.path.name}::{item.name}".startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
+# The fake upstream is one server for the whole session (starting one per test would cost more than most
+# tests). Every test starts with it as new, however the test reaches it (``fake_upstream``, ``upstream_url``
+# or a module fixture): nothing a test scripted or recorded is seen by the next.
+_SESSION_FAKES: list[FakeUpstream] = []
+
+
+def reset_fake(fake: FakeUpstream) -> FakeUpstream:
     fake.requests.clear()
     fake.script.clear()
     fake.stream_finished.clear()
     fake.stream_cancelled.clear()
     fake.chunks_sent = 0
     fake.responder = None
+    return fake
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fake_upstream() -> None:
+    """Autouse fixtures run before the others of their scope, so a function fixture that sets the fake up
+    (a responder, a script) still sees its own set-up."""
+    for fake in _SESSION_FAKES:
+        reset_fake(fake)
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server() -> Iterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream()
+    with serve_in_thread(fake.app) as url:
+        _SESSION_FAKES.append(fake)
+        try:
+            yield fake, url
+        finally:
+            _SESSION_FAKES.remove(fake)
+
+
+@pytest.fixture
+def fake_upstream(fake_upstream_server: tuple[FakeUpstream, str]) -> FakeUpstream:
+    fake, _ = fake_upstream_server
     return fake
 
 

@@ -33,6 +33,9 @@ class Reply:
     chunk_delay: float = 0.0  # seconds between streamed chunks
     cut_after: int | None = None  # streaming: drop the connection after this many content chunks
     raw_body: bytes | None = None  # send these bytes instead of a JSON body
+    # Stream these pieces as text/event-stream, each sent as it comes; a number is a pause of that many seconds
+    # (e.g. ``[event, *[b": ping\n\n", 0.05] * 100, finish]`` for an upstream that only keeps the line alive).
+    raw_sse: list[bytes | float] | None = None
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
     )
@@ -97,6 +100,8 @@ class FakeUpstream:
             reply = Reply(content=f"echo: {_last_user_text(body['messages'])}")
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.raw_sse is not None:
+            return StreamingResponse(self._raw_stream(reply.raw_sse), media_type="text/event-stream")
         if reply.raw_body is not None:
             return Response(reply.raw_body, status_code=reply.status, media_type="application/json")
         if reply.status != 200:
@@ -130,6 +135,19 @@ class FakeUpstream:
                 "usage": reply.usage,
             }
         )
+
+    async def _raw_stream(self, pieces: list[bytes | float]):  # type: ignore[no-untyped-def]
+        try:
+            for piece in pieces:
+                if isinstance(piece, bytes):
+                    yield piece
+                else:
+                    await asyncio.sleep(piece)
+        except asyncio.CancelledError:
+            self.stream_cancelled.set()
+            raise
+        finally:
+            self.stream_finished.set()
 
     async def _stream(self, body: dict[str, Any], reply: Reply):  # type: ignore[no-untyped-def]
         base = {

@@ -67,7 +67,8 @@ def test_admin_api_is_tenant_scoped(proxy_factory: Any, upstream_url: str, fake_
         assert client.get("/lcm/conversations").status_code == 401
 
         detail = client.get(f"/lcm/conversations/{conversation}", headers=ALICE).json()
-        assert detail["message_count"] == len(history) - 1 and detail["context_summaries"]
+        # The messages after the system prompt, and the answer relayed for them.
+        assert detail["message_count"] == len(history) - 1 + 1 and detail["context_summaries"]
         summary_id = detail["context_summaries"][0]
         context = client.get(f"/lcm/conversations/{conversation}/context", headers=ALICE).json()
         assert context["items"][0] == {
@@ -79,8 +80,9 @@ def test_admin_api_is_tenant_scoped(proxy_factory: Any, upstream_url: str, fake_
         }
         assert context["tokens"] == sum(i["tokens"] for i in context["items"] if i["sent"]) and context["tokens"] < 8000
         messages = client.get(f"/lcm/conversations/{conversation}/messages", headers=ALICE).json()["data"]
-        assert len(messages) == len(history) - 1 and messages[-1]["files"]
-        file_id = messages[-1]["files"][0]
+        # The last message the client sent holds the file; the answer relayed for it follows.
+        assert len(messages) == len(history) and messages[-2]["files"] and messages[-1]["role"] == "assistant"
+        file_id = messages[-2]["files"][0]
         summary = client.get(f"/lcm/summaries/{summary_id}", headers=ALICE).json()
         assert summary["id"] == summary_id and summary["kind"] in ("leaf", "condensed")
         described = client.get(f"/lcm/files/{file_id}?start_line=3&end_line=4", headers=ALICE).json()
@@ -231,3 +233,40 @@ def test_integer_query_values_are_ascii_digits_in_range(proxy: Any, value: str) 
     response = httpx.get(f"{proxy.url}/lcm/conversations", params={"limit": value}, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "limit"
+
+
+def test_a_conversation_is_found_by_its_clients_own_key_within_the_tenant(
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+) -> None:
+    """The key a client sends in X-LCM-Conversation-Id names its conversation wherever an id is accepted,
+    within the caller's tenant only."""
+    fake_upstream.responder = ScriptedModel()
+    proxy = start(proxy_factory, upstream_url)
+    document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
+    ids = {}
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        for who, headers, text in ((ALICE, ALICE, f'<file name="a.txt">{document}</file>'), (BOB, BOB, "bob here")):
+            response = client.post(
+                "/v1/chat/completions",
+                json={"model": "small", "messages": [{"role": "user", "content": text}]},
+                headers={**headers, "x-lcm-conversation-id": "my-chat"},
+            )
+            assert response.status_code == 200, response.text
+            ids[who["authorization"]] = response.headers["x-lcm-conversation-id"]
+        alice_id, bob_id = ids[ALICE["authorization"]], ids[BOB["authorization"]]
+        assert alice_id != bob_id
+        for headers, expected in ((ALICE, alice_id), (BOB, bob_id)):
+            detail = client.get("/lcm/conversations/my-chat", headers=headers)
+            assert detail.status_code == 200 and detail.json()["id"] == expected, detail.text
+            for suffix in ("messages", "context"):
+                assert client.get(f"/lcm/conversations/my-chat/{suffix}", headers=headers).status_code == 200
+        grep = client.get("/lcm/conversations/my-chat/grep", params={"pattern": "entry 2999"}, headers=ALICE)
+        assert grep.status_code == 200 and grep.json()["conversation"] == alice_id
+        assert client.get("/lcm/conversations/no-such-key", headers=ALICE).status_code == 404
+
+        # A stored file's lines: an end before the start is the caller's error, naming end_line.
+        file_id = client.get("/lcm/conversations/my-chat/messages", headers=ALICE).json()["data"][0]["files"][0]
+        backwards = client.get(f"/lcm/files/{file_id}?start_line=10&end_line=5", headers=ALICE)
+        assert backwards.status_code == 400 and backwards.json()["error"]["param"] == "end_line", backwards.text
+        lines = client.get(f"/lcm/files/{file_id}?start_line=10&end_line=11", headers=ALICE).json()["described"]
+        assert "Lines 10-11 of 3000" in lines and "entry 9: alpha" in lines and "entry 11:" not in lines

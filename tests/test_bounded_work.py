@@ -251,14 +251,14 @@ def test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled(
         assert warm.status_code == 200  # the tokenizer is loaded too: a first request's cost, not this one's
 
         ingestor = app.state.lcm.engine.ingestor
-        prepare = ingestor._prepare
+        prepare = ingestor.prepare_message
         ingesting = threading.Event()  # the server is preparing the big message (parsing and validation are done)
 
         async def observed_prepare(*args: Any, **kwargs: Any) -> Any:
             ingesting.set()
             return await prepare(*args, **kwargs)
 
-        ingestor._prepare = observed_prepare
+        ingestor.prepare_message = observed_prepare
         sent = threading.Event()
         answered = threading.Event()
         outcome: dict[str, Any] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -174,3 +176,144 @@ def test_readme_shows_the_real_help(args: list[str]) -> None:
     block = readme.split(shown, 1)[1].split("```", 1)[0]
     env = {**os.environ, "COLUMNS": "80"}
     assert block == run(*args, env=env).stdout
+
+
+# --- Found trying it as a new user would -------------------------------------------------------------------
+
+
+def test_check_config_shows_each_models_window_and_where_it_came_from(
+    tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    config = tmp_path / "models.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - {model_name: local, litellm_params: {model: openai/local, api_base: 'http://127.0.0.1:9/v1'},"
+        " model_info: {max_input_tokens: 8192}}\n"
+        "  - {model_name: typo, litellm_params: {model: openai/my-local-model}, model_info: {max_input_token: 4096}}\n"
+        "  - {model_name: gpt-4o, litellm_params: {model: openai/gpt-4o}}\n"
+        "lcm_settings: {default_context_window: 32768}\n"
+    )
+    result = run("check-config", str(config), env=isolated_env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "model local -> openai/local at http://127.0.0.1:9/v1" in out
+    assert "window:      8,192 tokens (model_info.max_input_tokens)" in out
+    assert "window:      32,768 tokens (lcm_settings.default_context_window)" in out  # the typo's fallback, visible
+    assert "window:      128,000 tokens (LiteLLM's model map; set model_info.max_input_tokens)" in out
+    assert "reserve:     2,048 tokens for the answer without max_tokens" in out  # a quarter of 8,192
+    local = out.split("model local", 1)[1].split("model typo", 1)[0]
+    soft, target = (int(n.replace(",", "")) for n in re.findall(r"above ([\d,]+) tokens.*down to ([\d,]+)", local)[0])
+    large = int(re.findall(r"large files: over ([\d,]+) tokens", local)[0].replace(",", ""))
+    tool = int(re.findall(r"tool results: over ([\d,]+) tokens", local)[0].replace(",", ""))
+    assert 0 < target < soft < 8192 - 2048 and 0 < tool <= large < 8192
+    assert "model_list[1].model_info.max_input_token: unknown key; did you mean max_input_tokens?" in result.stderr
+
+
+def test_check_config_refuses_a_summary_model_no_request_could_reach(
+    tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    config = tmp_path / "summary.yaml"
+    config.write_text(
+        "model_list: [{model_name: chat, litellm_params: {model: openai/chat}}]\n"
+        "lcm_settings: {summary_model: summarizer}\n"
+    )
+    for command in (["check-config", str(config)], ["serve", "--config", str(config)]):
+        result = run(*command, env=isolated_env)
+        assert (
+            result.returncode == 1 and "lcm_settings.summary_model: 'summarizer' is not a model_name" in result.stderr
+        )
+
+
+def test_workers_must_be_at_least_one(isolated_env: dict[str, str]) -> None:
+    result = run("serve", "--workers", "0", "--config", "does-not-exist.yaml", env=isolated_env)
+    assert result.returncode == 2 and "argument --workers: must be at least 1, got 0" in result.stderr
+
+
+@pytest.fixture
+def stored(proxy_factory: Any, tmp_path: Path) -> tuple[Path, str]:
+    """A database with one conversation of 2,001 messages (its ``show`` and ``export`` outputs, 200 KB and
+    more, are far larger than a pipe's buffer), sent under the client's own key ``client-key-7``."""
+    proxy = proxy_factory()
+    messages: list[dict[str, str]] = []
+    for i in range(1000):
+        messages += [
+            {"role": "user", "content": f"question {i}: " + "what about this one " * 4},
+            {"role": "assistant", "content": f"answer {i}: " + "it is fine " * 4},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    response = httpx.post(
+        f"{proxy.base_url}/chat/completions",
+        json={"model": "test-model", "messages": messages},
+        headers={"x-lcm-conversation-id": "client-key-7"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return Path(str(proxy.config.general_settings.data_dir)), response.headers["x-lcm-conversation-id"]
+
+
+@pytest.mark.parametrize("command", ["show", "export"])
+def test_a_closed_pipe_ends_quietly(stored: tuple[Path, str], command: str) -> None:
+    """``lcm-proxy show ID | head -1``: the reader goes away, the command stops like a unix tool (exit 141,
+    as if by SIGPIPE), with no "Broken pipe" message and no traceback."""
+    data_dir, conversation = stored
+    process = subprocess.Popen(
+        [console_script(), command, conversation, "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()
+    assert first.strip()
+    process.stdout.close()  # like head -1: the rest of the output has nowhere to go
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, errors
+    assert errors == ""
+
+
+def test_operator_commands_need_no_secret_they_do_not_use(
+    stored: tuple[Path, str], tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    data_dir, conversation = stored
+    # No config at all: --data-dir.
+    listed = run("conversations", "--data-dir", str(data_dir), env=isolated_env)
+    assert listed.returncode == 0 and conversation in listed.stdout, listed.stderr
+    doctor = run("doctor", "--data-dir", str(data_dir), env=isolated_env)
+    assert doctor.returncode == 0 and doctor.stdout.strip().endswith("OK"), doctor.stdout + doctor.stderr
+    # A config whose secrets this shell does not have: reading the database needs none of them.
+    config = tmp_path / "secrets.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: test-model\n"
+        "    litellm_params: {model: openai/fake-model, api_key: os.environ/UNSET_UPSTREAM_KEY}\n"
+        f"general_settings:\n  data_dir: '{data_dir}'\n  api_keys: [os.environ/UNSET_PROXY_KEY]\n"
+    )
+    for args in (
+        ["show", conversation],
+        ["export", conversation],
+        ["grep", "answer 5", "--conversation", conversation],
+    ):
+        result = run(*args, "--config", str(config), env=isolated_env)
+        assert result.returncode == 0 and result.stdout, (args, result.stderr)
+    # compact calls the model: then its key is needed, and the error says which one.
+    compact = run("compact", conversation, "--config", str(config), env=isolated_env)
+    assert compact.returncode == 1
+    assert "model_list[0].litellm_params.api_key: environment variable UNSET_UPSTREAM_KEY is not set" in compact.stderr
+    assert "UNSET_PROXY_KEY" not in compact.stderr and "Traceback" not in compact.stderr
+
+
+def test_show_accepts_the_clients_own_conversation_key(stored: tuple[Path, str], isolated_env: dict[str, str]) -> None:
+    data_dir, conversation = stored
+    shown = run("show", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"conversation {conversation}\n") and "key:           client-key-7" in shown.stdout
+    grep = run("grep", "question 999", "--conversation", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
+    assert grep.returncode == 0 and "question 999" in grep.stdout
+    unknown = run("show", "no-such-key", "--data-dir", str(data_dir), env=isolated_env)
+    assert unknown.returncode == 1 and "no conversation no-such-key" in unknown.stderr
+
+
+def test_describe_refuses_an_end_line_before_the_start_line(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    result = run(
+        "describe", "file_x", "--start-line", "10", "--end-line", "5", "--data-dir", str(tmp_path), env=isolated_env
+    )
+    assert result.returncode == 2
+    assert "lcm-proxy describe: error: --end-line 5 is before --start-line 10" in result.stderr

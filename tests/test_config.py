@@ -140,7 +140,8 @@ MINIMAL = {"model_list": [{"model_name": "m", "litellm_params": {"model": "opena
     [
         ({"lcm_settings": {"context_treshold": 0.5}}, "lcm_settings.context_treshold: unknown key"),
         ({"general_settings": {"prot": 1}}, "general_settings.prot: unknown key"),
-        ({"litellm_settings": {}}, "litellm_settings: unknown key"),
+        ({"lcm_setting": {}}, "lcm_setting: unknown key; did you mean lcm_settings?"),
+        ({"general_settings": {"master_kee": "sk-12345678"}}, "general_settings.master_kee: unknown key"),
         ({"lcm_settings": {"context_threshold": 1.5}}, "lcm_settings.context_threshold: Input should be less than or equal to 1"),
         ({"lcm_settings": {"fresh_tail_count": "many"}}, "lcm_settings.fresh_tail_count: Input should be a valid integer"),
         ({"lcm_settings": {"retrieval_tools": "sometimes"}}, "lcm_settings.retrieval_tools: Input should be 'auto', 'always' or 'off'"),
@@ -173,7 +174,7 @@ def test_example_config_is_valid_and_has_defaults() -> None:
 
 
 def test_lcm_defaults_match_design() -> None:
-    """DESIGN.md's sizes are the large-model defaults; unset, each one scales down with a smaller window."""
+    """ARCHITECTURE.md's sizes are the large-model defaults; unset, each one scales down with a smaller window."""
     s = LcmSettings()
     assert (s.context_threshold, s.fresh_tail_count, s.leaf_min_fanout, s.condensed_min_fanout) == (0.75, 32, 8, 4)
     assert s.summary_model is None and s.auto_recall == "auto"
@@ -209,7 +210,7 @@ def test_unset_variables_and_other_problems_are_reported_together(monkeypatch: p
         [
             "model_list[0].litellm_params.api_key: environment variable NOPE_KEY is not set",
             "general_settings.port: environment variable NOPE_PORT is not set",
-            "general_settings.prot: unknown key",
-            "lcm_settings.fresh_tail: unknown key",
+            "general_settings.prot: unknown key; did you mean port?",
+            "lcm_settings.fresh_tail: unknown key; did you mean fresh_tail_count?",
         ]
     )

@@ -197,7 +197,8 @@ def start(
             "api_key": UPSTREAM_KEY,
             **(litellm or {}),
         },
-        "model_info": {"max_input_tokens": WINDOW},
+        # The histories below are sized in o200k tokens (over the soft threshold, under the budget): no margin.
+        "model_info": {"max_input_tokens": WINDOW, "token_margin": 1.0},
     }
     return proxy_factory(lcm=lcm, models=[model], **general)  # type: ignore[no-any-return]
 
@@ -348,11 +349,12 @@ class Session:
         return inspect(self.proxy, self.conversation_id)
 
     def check_intact(self) -> Stored:
-        """Doctor passes, export is exactly what the client sent (its earlier answers included), and the
-        summary DAG reaches every stored message."""
+        """Doctor passes, export is exactly what the client sent and was answered (the last answer, which the
+        client has not sent back yet, was stored as the proxy relayed it), and the summary DAG reaches every
+        stored message."""
         stored = self.stored()
         assert stored.problems == []
-        assert stored.exported == self.transcript[:-1]  # the last answer has not been sent back yet
+        assert stored.exported == self.transcript
         assert stored.unreachable == set()
         return stored
 
@@ -653,7 +655,8 @@ def test_chat_body_cut_off_is_a_bad_gateway_and_the_retry_adds_nothing(
     response = post(proxy, messages)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "Second try."
     stored = inspect(proxy, response.headers["x-lcm-conversation-id"])
-    assert stored.exported == messages and stored.problems == []  # stored once, not twice
+    # The messages stored once, not twice, and only the answer the client received (the 502 stored none).
+    assert stored.exported == [*messages, {"role": "assistant", "content": "Second try."}] and stored.problems == []
 
 
 # (A stream cut after its first chunk is past the point where the proxy may retry: see the test above.)

@@ -63,6 +63,11 @@ def chat(**fields: Any) -> dict[str, Any]:
     return {"model": "test-model", "messages": [USER], **fields}
 
 
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    """The answer the proxy relayed, as it stores it (the conversation's newest message)."""
+    return {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+
+
 async def exported(data_dir: Path, conversation_id: str) -> list[dict[str, Any]]:
     """The stored conversation as export gives it back, read beside the running proxy."""
     store = SQLiteStore(data_dir)
@@ -164,7 +169,7 @@ def test_a_request_at_the_depth_limit_is_served_and_stored(proxy: RunningProxy, 
     )
     assert response.status_code == 200, response.text
     data_dir = Path(proxy.config.general_settings.data_dir)
-    assert asyncio.run(exported(data_dir, response.headers["x-lcm-conversation-id"])) == sent
+    assert asyncio.run(exported(data_dir, response.headers["x-lcm-conversation-id"])) == [*sent, answer_of(response)]
 
 
 # --- 2. client content shaped like an internal payload marker is only ever client content -----------------
@@ -236,7 +241,7 @@ def test_forged_markers_are_client_content(proxy_factory: Any, fake_upstream: Fa
         assert first.status_code == 200, first.text
         conversation = first.headers["x-lcm-conversation-id"]
         assert asyncio.run(run_doctor(data_dir)) == []
-        assert asyncio.run(exported(data_dir, conversation)) == sent
+        assert asyncio.run(exported(data_dir, conversation)) == [*sent, answer_of(first)]
 
         listed = client.get(f"/lcm/conversations/{conversation}/messages").json()["data"]
         files = [file_id for message in listed for file_id in message["files"]]
@@ -260,7 +265,7 @@ def test_forged_markers_are_client_content(proxy_factory: Any, fake_upstream: Fa
         forwarded = [r.body for r in fake_upstream.requests if not is_summary_request(r.body)][-1]
         assert str(forwarded["messages"][1]["content"]).startswith(f'<summary id="{summary_id}"')
     assert asyncio.run(run_doctor(data_dir)) == []
-    assert asyncio.run(exported(data_dir, conversation)) == follow_up
+    assert asyncio.run(exported(data_dir, conversation)) == [*follow_up, answer_of(second)]
 
 
 async def ingest_with_payload(data_dir: Path) -> None:

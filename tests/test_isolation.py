@@ -223,7 +223,9 @@ def test_an_issued_id_always_names_its_conversation(
     response = post(proxy, history, **header)
     assert response.headers["x-lcm-conversation-id"] == alice.conversation
     view = httpx.get(f"{proxy.url}/lcm/conversations/{alice.conversation}", timeout=30).json()
-    assert view["message_count"] == len(history) and view["parent_id"] is None
+    # Her history and the answer the proxy relayed for it (her own version of the previous answer replaced
+    # the one relayed before, in place).
+    assert view["message_count"] == len(history) + 1 and view["parent_id"] is None
     # A client that keeps echoing the id it first got after editing history continues its one fork.
     edited = [GREETING, {"role": "assistant", "content": "Hello, edited."}, {"role": "user", "content": "Go on."}]
     fork = post(proxy, edited, **header).headers["x-lcm-conversation-id"]

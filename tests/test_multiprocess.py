@@ -73,14 +73,18 @@ def test_serve_with_two_workers(tmp_path: Path, upstream_url: str) -> None:
 
         def client(c: int) -> None:
             transcript = [user(f"worker client {c}")]
+            last: dict[str, Any] = {}
             with httpx.Client(timeout=30) as http:
                 for turn in range(8):
                     for _ in range(2):  # every request is sent twice, like a retrying client
                         response = http.post(url, json={"model": "m", "messages": transcript})
                         if response.status_code != 200:
                             errors.append(response.text)
+                        last = response.json()["choices"][0]["message"]
+                    # The client keeps its own version of each answer: it replaces the one the proxy stored.
                     transcript = [*transcript, assistant(f"a{turn}"), user(f"q{turn} from {c}")]
-            results[c] = transcript[:-2]
+            # The last transcript sent, and the answer the proxy relayed (and stored) for it.
+            results[c] = [*transcript[:-2], assistant(last["content"])]
 
         threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
         for t in threads:

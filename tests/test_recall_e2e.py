@@ -126,7 +126,9 @@ def test_fact_recovered_through_grep_and_describe(
     )
     assert response.status_code == 200
     conversation = response.headers["x-lcm-conversation-id"]
-    assert asyncio.run(_export(Path(str(proxy.config.general_settings.data_dir)), conversation)) == follow
+    # Stored: exactly what the client sent, and the answer relayed for it; none of the recall round trip.
+    exported = asyncio.run(_export(Path(str(proxy.config.general_settings.data_dir)), conversation))
+    assert exported == [*follow, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}]
 
 
 async def _export(data_dir: Path, conversation: str) -> list[dict[str, Any]]:

@@ -263,7 +263,8 @@ def test_chat_with_another_tenants_conversation_id_does_not_attach(
     assert as_alice(world, f"/lcm/conversations/{world.alice.conversation}") == alice_before
     bob_view = httpx.get(f"{world.proxy.url}/lcm/conversations/{bob_conversation}", headers=BOB, timeout=30).json()
     # A conversation of his own: not a fork of Alice's (a parent link would put hers in his lineage).
-    assert bob_view["message_count"] == 1 and bob_view["context_summaries"] == []
+    # His message and the answer relayed for it.
+    assert bob_view["message_count"] == 2 and bob_view["context_summaries"] == []
     assert bob_view["parent_id"] is None and bob_view["fork_seq"] is None
 
 

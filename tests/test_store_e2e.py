@@ -52,7 +52,10 @@ def test_streaming_response_carries_conversation_header(proxy: RunningProxy, fak
         timeout=30,
     ) as response:
         assert response.headers["x-lcm-conversation-id"].startswith("conv_")
-        assert list(response.iter_lines())[-2:] == ["data: [DONE]", ""] or "data: [DONE]" in response.read().decode()
+        lines = list(response.iter_lines())
+    assert lines[-2:] == ["data: [DONE]", ""]
+    events = [json.loads(line[len("data: ") :]) for line in lines[:-2] if line]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == "echo: stream me"
 
 
 def test_big_file_is_stubbed_upstream_and_export_restores_it(
@@ -89,6 +92,7 @@ def test_big_file_is_stubbed_upstream_and_export_restores_it(
         message,
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "thanks"},
+        {"role": "assistant", "content": second.json()["choices"][0]["message"]["content"]},  # relayed, stored
     ]
     listing = subprocess.run(
         [sys.executable, "-m", "proxy", "conversations", "--config", str(config)],
@@ -162,34 +166,68 @@ def test_a_write_cancelled_while_it_begins_does_not_break_the_next(tmp_path: Pat
     """Cancelling a unit while its BEGIN is still queued in the writer's thread (a request hung up, shutdown)
     must not leave a transaction open under the next unit: its BEGIN would fail, a 500 for someone else."""
     import asyncio
+    import threading
 
     from proxy.store.sqlite import SQLiteStore
 
-    slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) SELECT count(*) FROM n"
-
-    async def scenario() -> int:
+    async def scenario() -> tuple[bool, int]:
         store = SQLiteStore(tmp_path / "data")
         await store.open()
         try:
             writer = store._writer
             assert writer is not None
-            busy = asyncio.ensure_future(writer.execute(slow))  # the writer's thread is busy for a while
+            entered, gate = threading.Event(), threading.Event()
+
+            def hold() -> None:  # the writer's thread is busy until the test opens the gate
+                entered.set()
+                gate.wait(30)
+
+            busy = asyncio.ensure_future(writer._execute(hold))
+            assert await asyncio.to_thread(entered.wait, 30)
 
             async def unit() -> None:
                 async with store.write() as tx:
                     await tx.conn.execute("SELECT 1")
 
             abandoned = asyncio.ensure_future(unit())
-            await asyncio.sleep(0.05)  # its BEGIN is queued behind the slow query
-            abandoned.cancel()
-            await asyncio.gather(abandoned, return_exceptions=True)
+            for _ in range(10_000):  # until its BEGIN is queued behind the held thread (a bounded wait)
+                if writer._tx.qsize() > 0:
+                    break
+                await asyncio.sleep(0)
+            assert writer._tx.qsize() == 1, "the unit's BEGIN never reached the writer's queue"
+            abandoned.cancel()  # while its BEGIN waits in the queue
+            gate.set()
+            await asyncio.gather(abandoned, busy, return_exceptions=True)
             async with store.write() as tx:  # must work
                 cursor = await tx.conn.execute("SELECT count(*) FROM conversations")
                 row = await cursor.fetchone()
                 await cursor.close()
-            await busy
-            return int(row[0]) if row else -1
+            return abandoned.cancelled(), int(row[0]) if row else -1
         finally:
             await store.close()
 
-    assert asyncio.run(scenario()) == 0
+    assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_a_database_locked_by_another_process_is_a_retryable_503(proxy_factory: Any, monkeypatch: Any) -> None:
+    """SQLite's "database is locked" (another worker, the operator's CLI holding the write lock past the busy
+    timeout) was an internal 500 marked x-should-retry: false; it is a 503 the SDKs retry."""
+    import sqlite3
+
+    from proxy.store import sqlite as store_module
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 100)
+    proxy = proxy_factory()
+    messages = [{"role": "user", "content": "hello while the database is locked"}]
+    other = sqlite3.connect(Path(proxy.config.general_settings.resolved_data_dir()) / store_module.DB_NAME)
+    other.isolation_level = None
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction, held
+    try:
+        refused = chat(proxy, messages)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "store_busy" and refused.json()["error"]["type"] == "server_error"
+    assert refused.headers.get("x-should-retry") != "false" and refused.headers["retry-after"] == "1"
+    assert chat(proxy, messages).status_code == 200  # the retry, once the lock is gone

@@ -29,7 +29,7 @@ CASES = [
     Case("rate_limited", Reply(status=429, error_message="Rate limit reached for requests", error_type="requests"), 429, "Rate limit reached", False),
     Case("server_error", Reply(status=500, error_message="The server had an error", error_type="server_error"), 500, "server had an error", False),
     Case("unavailable", Reply(status=503, error_message="Service overloaded", error_type="server_error"), 503, "overloaded", False),
-    Case("connection_refused", None, 502, "Could not connect", False),
+    Case("connection_refused", None, 502, "Could not connect to the upstream provider for model 'unreachable' at http://127.0.0.1:9/v1.", False),
     Case("read_timeout", Reply(delay=7.0), 504, "did not respond", False),
 ]  # fmt: skip
 
@@ -110,11 +110,47 @@ def test_client_disconnect_stops_upstream_stream(proxy: RunningProxy, fake_upstr
     assert fake_upstream.chunks_sent < 100
 
 
-def test_malformed_upstream_json_is_a_bad_gateway(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+def test_malformed_upstream_json_is_a_bad_gateway(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, upstream_url: str
+) -> None:
+    """A 200 whose body is not a chat completion is the upstream's fault: exactly a 502 naming the model and its
+    api_base (it was LiteLLM's 500, with a Python traceback for a message, which any 5xx check let pass)."""
     fake_upstream.enqueue(Reply(raw_body=b"<html>oops</html>"))
     response = _post(proxy, "test-model", stream=False)
-    assert 500 <= response.status_code < 600
-    assert response.json()["error"]["message"]
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("upstream_error", "upstream_bad_response", None)
+    assert error["message"].startswith(
+        f"The upstream provider for model 'test-model' at {upstream_url}/v1 sent a malformed response"
+    )
+    assert "Traceback" not in response.text and UPSTREAM_KEY not in response.text
+    assert response.headers.get("x-should-retry") != "false"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_the_upstreams_error_type_and_code_reach_the_client(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    """llama.cpp's context-size error reached the client as type "upstream_error", code null."""
+    body = {
+        "error": {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 5000,
+            "n_ctx": 4096,
+        }
+    }
+    # Twice: the proxy may compact and retry once after an upstream context-length error.
+    fake_upstream.enqueue(*[Reply(status=400, raw_body=json.dumps(body).encode())] * 2)
+    response = _post(proxy, "test-model", stream)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {
+        "message": body["error"]["message"],
+        "type": "exceed_context_size_error",
+        "param": None,
+        "code": "400",
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])

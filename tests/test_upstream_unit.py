@@ -12,9 +12,9 @@ import pytest
 import respx
 
 from proxy.config import GeneralSettings
-from proxy.errors import UpstreamConnectionError, UpstreamError, UpstreamTimeoutError
+from proxy.errors import UpstreamConnectionError, UpstreamContextLengthError, UpstreamError, UpstreamTimeoutError
 from proxy.routing import ResolvedModel
-from proxy.upstream import Upstream, load_litellm, translate_exception
+from proxy.upstream import Upstream, is_context_length_error, load_litellm, translate_exception
 
 API = "http://upstream.test/v1"
 TARGET = ResolvedModel(
@@ -198,9 +198,9 @@ def test_litellm_prices_nothing_and_schedules_no_success_logging(
         priced.append(1)
         return original_cost(*args, **kwargs)
 
-    async def counting_log(self: Any, *args: Any, **kwargs: Any) -> Any:
-        logged.append(1)
-        return await original_log(self, *args, **kwargs)
+    def counting_log(self: Any, *args: Any, **kwargs: Any) -> Any:
+        logged.append(1)  # when the handler's coroutine is made, i.e. when the logging task starts
+        return original_log(self, *args, **kwargs)
 
     monkeypatch.setattr(cost_calculator, "completion_cost", counting_cost)
     monkeypatch.setattr(Logging, "async_success_handler", counting_log)
@@ -213,7 +213,8 @@ def test_litellm_prices_nothing_and_schedules_no_success_logging(
 
     async def both() -> tuple[Any, list[Any]]:
         answer = await upstream.complete(TARGET, BODY)
-        await asyncio.sleep(0.05)  # a scheduled logging task would have run by now
+        # Run every task the call scheduled to its end (a logging task calls the handler as it starts): no clock.
+        await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}), return_exceptions=True)
         assert logged == []
         stream = await upstream.open_stream(TARGET, {**BODY, "stream": True})
         return answer, [chunk async for chunk in stream]
@@ -275,3 +276,126 @@ def test_translated_stream_chunks_and_truncation(provider_finished: bool) -> Non
     assert plain[0]["choices"][0]["delta"]["content"] == "hi" and all("usage" not in c for c in plain)
     with_usage = run(collect(True))
     assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["total_tokens"] == 2
+
+
+# --- issue 14: the upstream's error fields, malformed bodies, naming the upstream ----------------------------
+
+LLAMA_TOO_LONG = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 4096,
+    }
+}
+OPENAI_TOO_LONG = {
+    "error": {
+        "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+VLLM_TOO_LONG = {
+    "object": "error",
+    "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.",
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "code"),
+    [
+        (LLAMA_TOO_LONG, "exceed_context_size_error", "400"),
+        (OPENAI_TOO_LONG, "invalid_request_error", "context_length_exceeded"),
+        (VLLM_TOO_LONG, "BadRequestError", "400"),
+    ],
+    ids=["llama.cpp", "openai", "vllm"],
+)
+def test_context_length_errors_keep_the_upstream_fields_and_are_recognised(
+    upstream: Upstream, body: dict[str, Any], kind: str, code: str
+) -> None:
+    """LiteLLM re-raises these as its ContextWindowExceededError without the provider's JSON: the type and
+    code reached the client as "upstream_error" and null. An integer code is kept as its string."""
+    with respx.mock() as mock:
+        mock.post(f"{API}/chat/completions").respond(400, json=body)
+        with pytest.raises(UpstreamError) as info:
+            run(upstream.complete(TARGET, BODY))
+    error = info.value
+    assert (error.status, error.type, error.code) == (400, kind, code)
+    assert error.message == (body.get("error") or body)["message"]
+    assert is_context_length_error(error) and isinstance(error, UpstreamContextLengthError)
+
+
+def test_is_context_length_error_by_code_type_or_message() -> None:
+    assert is_context_length_error(UpstreamError("x", status=400, code="context_length_exceeded"))
+    assert is_context_length_error(UpstreamError("x", status=400, type="exceed_context_size_error"))
+    assert is_context_length_error(UpstreamError("prompt is too long: 210000 tokens > 200000 maximum", status=400))
+    assert is_context_length_error(UpstreamError("This model's maximum context length is 4096 tokens.", status=400))
+    assert not is_context_length_error(UpstreamError("Invalid 'temperature'", status=400, code="invalid_value"))
+    assert not is_context_length_error(UpstreamTimeoutError("did not respond"))
+
+
+def test_an_ordinary_400_is_not_a_context_length_error(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        mock.post(f"{API}/chat/completions").respond(400, json=error_body("Invalid 'temperature'", "invalid_value"))
+        with pytest.raises(UpstreamError) as info:
+            run(upstream.complete(TARGET, BODY))
+    assert not is_context_length_error(info.value) and info.value.code == "invalid_value"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"<html>oops</html>",
+        b"",
+        b"[1, 2]",
+        b'{"id": "x", "choices": "abc"}',
+        b'{"id": "x", "choices": ["abc"]}',
+        b'{"id": "x", "choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}',
+        json.dumps(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": [{"id": "a", "function": None}]}}]}
+        ).encode(),
+        json.dumps(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": [{"id": "a", "function": {}}]}}]}
+        ).encode(),
+    ],
+    ids=["html", "empty", "json_list", "choices_str", "choice_str", "message_null", "function_null", "no_name"],
+)
+def test_malformed_200_is_a_bad_gateway_naming_the_upstream(upstream: Upstream, content: bytes) -> None:
+    """LiteLLM reports a body it cannot read as its own 500 (with a Python traceback in the message): the
+    client got a 500 that blamed the proxy. It is the upstream's fault; the proxy does not resend it."""
+    with respx.mock() as mock:
+        route = mock.post(f"{API}/chat/completions").respond(200, content=content)
+        with pytest.raises(UpstreamError) as info:
+            run(upstream.complete(TARGET, BODY))
+    error = info.value
+    assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_bad_response")
+    assert error.message.startswith(f"The upstream provider for model 'm' at {API} sent a malformed response")
+    assert "Traceback" not in error.message and "k-123" not in error.message
+    assert route.call_count == 1  # answered (and billed): not sent again, unlike a 5xx (upstream_retries=2)
+
+
+def test_connection_error_names_the_model_and_api_base_never_the_key(upstream: Upstream) -> None:
+    with respx.mock() as mock:
+        mock.post(f"{API}/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+        with pytest.raises(UpstreamConnectionError) as info:
+            run(upstream.complete(TARGET, BODY))
+    assert info.value.message == f"Could not connect to the upstream provider for model 'm' at {API}."
+
+
+def test_describe_upstream_drops_what_can_hold_credentials() -> None:
+    from proxy.upstream import describe_upstream
+
+    def target(api_base: str | None) -> ResolvedModel:
+        params = {"model": "openai/x", "api_key": "k-123"} | ({"api_base": api_base} if api_base else {})
+        return ResolvedModel("local", params, None, None)
+
+    assert describe_upstream(target("https://user:s3cret@llm.example:8443/v1?key=abc#f")) == (
+        "the upstream provider for model 'local' at https://llm.example:8443/v1"
+    )
+    assert describe_upstream(target(None)) == "the upstream provider for model 'local'"
+    assert describe_upstream(target("not a url")) == "the upstream provider for model 'local'"

@@ -73,6 +73,11 @@ MALFORMED: list[tuple[str, Any, int, str | None]] = [
     ("file_data_number", body(messages=[{"role": "user", "content": [{"type": "file", "file": {"file_data": 5}}]}]), 400, "messages[0].content[0].file.file_data"),
     ("audio_data_missing", body(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]), 400, "messages[0].content[0].input_audio.data"),
     ("custom_call_function_string", body(messages=[USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "function": "x"}]}]), 400, "messages[1].tool_calls[0].function"),
+    ("function_content_object", body(messages=[USER, {"role": "function", "name": "f", "content": {"a": 1}}]), 400, "messages[1].content"),
+    ("function_content_parts", body(messages=[USER, {"role": "function", "name": "f", "content": [{"type": "text", "text": "r"}]}]), 400, "messages[1].content"),
+    ("user_content_empty_array", body(messages=[{"role": "user", "content": []}]), 400, "messages[0].content"),
+    ("system_content_empty_array", body(messages=[{"role": "system", "content": []}, USER]), 400, "messages[0].content"),
+    ("tool_content_empty_array", body(messages=[USER, {"role": "tool", "tool_call_id": "c", "content": []}]), 400, "messages[1].content"),
     ("unknown_model", body(model="no-such-model"), 404, "model"),
     # Deeper than orjson serialises (254): raw bytes, written by hand.
     ("deep_message_extra", b'{"model": "test-model", "messages": [{"role": "user", "content": "hi", "metadata": ' + b"[" * 300 + b"]" * 300 + b"}]}", 400, "messages[0].metadata"),
@@ -139,6 +144,9 @@ def test_valid_edge_cases_pass_validation() -> None:
         body(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]),
         body(tool_choice={"type": "function", "function": {"name": "f"}}, some_vendor_field={"x": 1}),
         body(messages=[USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]),
+        # The legacy function result: a string, or null; an assistant turn that only calls tools, with [].
+        body(messages=[USER, {"role": "function", "name": "f", "content": "42"}, {"role": "function", "name": "f", "content": None}]),
+        body(messages=[USER, {"role": "assistant", "content": [], "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
     ]  # fmt: skip
     # A tool whose JSON Schema nests objects 25 deep (its innermost value at level 55 of 64): unusual, not hostile.
     schema: dict[str, Any] = {"type": "string"}

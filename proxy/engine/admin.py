@@ -5,22 +5,32 @@ Every lookup takes the caller's tenant; an id of another tenant is indistinguish
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from typing import Any
 
 import orjson
 
 from proxy.engine import tokens
-from proxy.engine.engine import ContextEngine
+from proxy.engine.engine import ContextEngine, RequestSummarizer
 from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
-from proxy.engine.summarize import Summarizer
 from proxy.store.records import ConversationRecord
 
 
 class NotFound(Exception):
     pass
+
+
+PROXY_ID = re.compile(r"conv_[0-9a-f]{16}")
+
+
+def names_by_key(name: str) -> bool:
+    """Whether ``name`` may be a client's key rather than the proxy's id. A name shaped like the proxy's ids
+    is an id only: another tenant's id answers as an unknown one, even where a client once sent it as its
+    own key (then its conversation is reached by its id)."""
+    return PROXY_ID.fullmatch(name) is None
 
 
 def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
@@ -37,10 +47,17 @@ class AdminViews:
         self.store = engine.store
 
     async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
+        """The tenant's conversation with this id, else the one its client calls so (the key it sends in
+        ``X-LCM-Conversation-Id``): a client knows its own key, not necessarily the proxy's id."""
         c = await self.store.read.conversation(tenant, conversation_id)
+        if c is None and names_by_key(conversation_id):
+            c = await self.store.read.conversation_by_key(tenant, conversation_id)
         if c is None:
             raise NotFound(f"no conversation {conversation_id}")
         return c
+
+    async def find(self, tenant: str, conversation_id: str) -> ConversationRecord:
+        return await self._conversation(tenant, conversation_id)
 
     async def conversations(self, tenant: str, limit: int) -> dict[str, Any]:
         return {"data": [_conversation_json(c) for c in await self.store.read.conversations(tenant, limit)]}
@@ -131,7 +148,7 @@ class AdminViews:
         result = await self.recall.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})
         return {"conversation": c.id, "result": result}
 
-    async def compact(self, tenant: str, conversation_id: str, summarizer: Summarizer | None) -> dict[str, Any]:
+    async def compact(self, tenant: str, conversation_id: str, summarizer: RequestSummarizer | None) -> dict[str, Any]:
         c = await self._conversation(tenant, conversation_id)
-        report = await self.engine.compactor.sweep(c.id, summarizer)
+        report = await self.engine.compact(c.id, summarizer)  # after a running sweep of it, never beside it
         return {"conversation": c.id, **asdict(report)}

@@ -1,5 +1,5 @@
-"""Auto-recall: original excerpts of older messages that match the newest user message (DESIGN.md, "Recall
-tools"). Small local models cannot call ``lcm_grep``; when older messages are no longer forwarded raw (they
+"""Auto-recall: original excerpts of older messages that match the newest user message (ARCHITECTURE.md,
+"Recall"). Small local models cannot call ``lcm_grep``; when older messages are no longer forwarded raw (they
 were summarised or evicted), the proxy searches them with the newest user message and places the best
 excerpts in one ``<recalled_history>`` block just before that message.
 

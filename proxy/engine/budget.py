@@ -1,7 +1,8 @@
 """Budget policy: how one request's window is shared out, and the sizes compaction works to.
 
-``Budget`` is what the request leaves for messages: window minus output reserve and tool schemas (the
-instructions are subtracted by the engine, which knows where they end). ``sizes`` splits that limit:
+``Budget`` is what the request leaves for messages: window minus output reserve, in o200k tokens (divided by
+the model's token margin), minus tool schemas (the instructions are subtracted by the engine, which knows
+where they end). ``sizes`` splits that limit:
 
 - the **recall block** (auto-recall excerpts before the newest user message) keeps a reserve;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
@@ -13,12 +14,13 @@ instructions are subtracted by the engine, which knows where they end). ``sizes`
   ``tail_tokens``: a long tail shrinks before anything fails. Only the newest user message and what follows
   it must be forwarded raw.
 
-Every knob the configuration leaves unset scales with the window, bounded by the defaults DESIGN.md gives
-for large models, so a 2k local model and a 200k hosted one both get sizes that fit.
+Every knob the configuration leaves unset scales with the window, bounded by defaults sized for large
+models, so a 2k local model and a 200k hosted one both get sizes that fit.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from proxy.config import LcmSettings
@@ -27,17 +29,59 @@ PROMPT_OVERHEAD = 700  # tokens of a summarizer call beyond its source: system p
 DEFAULT_WINDOW_LIMIT = 120_000  # the message limit assumed when no request is at hand (operator `compact`)
 
 
+REQUESTED_RESERVES = ("max_tokens", "max_completion_tokens")  # reserves the client set, not the proxy
+
+
 @dataclass(frozen=True)
 class Budget:
+    """One request's window, output reserve and schemas, and the model's ``margin``: how much more than o200k
+    its own tokenizer may count (``proxy.engine.tokens.token_margin``).
+
+    The margin divides the window instead of multiplying the counts. Every count the engine works with is an
+    o200k count: each message's is stored once, at ingest, and serves whichever model the conversation is
+    continued with; thresholds, the fresh tail, summary sizes, recall caps and the tool loop's room all compare
+    against those counts. Turning the window into o200k units once, here, keeps all of them in one unit and
+    the stored counts valid for every model. The output reserve is the provider's own tokens (the provider
+    sets it aside from its window), so it comes off before the division; tool schemas and instructions are
+    o200k counts, so they come off after it.
+    """
+
     window: int
     output_reserve: int
     tools: int
     # Where the window and the reserve came from, so that a refusal can name the setting to change.
     window_source: str = "model_info.max_input_tokens"
     reserve_source: str = "max_tokens"
+    margin: float = 1.0
+    margin_source: str = "model_info.token_margin"
+
+    @property
+    def counted_room(self) -> int:
+        """The window less the output reserve, in o200k tokens: what the input may count."""
+        return math.floor((self.window - self.output_reserve) / self.margin)
+
+    @property
+    def reserve_requested(self) -> bool:
+        return self.reserve_source in REQUESTED_RESERVES
 
     def for_messages(self, instructions: int) -> int:
-        return self.window - self.output_reserve - self.tools - instructions
+        return self.counted_room - self.tools - instructions
+
+    def reserve_leaves_no_room(self, instructions: int) -> bool:
+        """Whether the client's own output reserve is what leaves no room for any message (a ``max_tokens``
+        of 2**31): without it the instructions and schemas would fit, so that is the parameter to name."""
+        if not self.reserve_requested or self.for_messages(instructions) > 0:
+            return False
+        return math.floor(self.window / self.margin) - self.tools - instructions > 0
+
+    def arithmetic(self, instructions: int) -> str:
+        """How the message limit was reached, each term with the setting it came from (for refusals)."""
+        room = f"context window {self.window} ({self.window_source}) - output reserve {self.output_reserve} " + (
+            f"({self.reserve_source})"
+        )
+        if self.margin != 1.0:
+            room = f"({room}) / token margin {self.margin:g} ({self.margin_source})"
+        return f"{room} - instructions {instructions} - tool schemas {self.tools}"
 
 
 @dataclass(frozen=True)

@@ -49,14 +49,18 @@ def chain_root(tenant: str) -> str:
     return hashlib.sha256(b"lcm-chain\x00" + tenant.encode()).hexdigest()[:32]
 
 
+def chain_next(previous: str, message: Message) -> str:
+    """The chain hash of ``message`` after the prefix whose chain hash is ``previous``."""
+    return hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
+
+
 def chain_hashes(tenant: str, messages: Messages) -> list[str]:
     """``result[i]`` identifies ``messages[: i + 1]`` within ``tenant``."""
     previous = chain_root(tenant)
     out: list[str] = []
     for message in messages:
-        digest = hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
-        out.append(digest)
-        previous = digest
+        previous = chain_next(previous, message)
+        out.append(previous)
     return out
 
 

@@ -13,7 +13,9 @@ context is under its target (``proxy.engine.budget``), cheapest first:
 
 The sweep's result is committed in one write transaction (summaries, source links, context swap) that first
 re-checks the state it was computed from, so concurrent compactions (other workers) can only waste work,
-never corrupt it. A sweep repeats passes under an iteration cap and a deadline.
+never corrupt it; and they do not even waste it: a sweep holds its conversation's lease
+(``proxy.engine.lease``) from before it reads that state until after it commits, so one conversation is
+swept by one process at a time. A sweep repeats passes under an iteration cap and a deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from proxy.config import LcmSettings
 from proxy.engine import budget
 from proxy.engine.assemble import required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
+from proxy.engine.lease import CompactionLeases
 from proxy.engine.passes import SummaryWriter
 from proxy.engine.plan import Plan
 from proxy.engine.render import summary_tokens
@@ -84,6 +87,7 @@ class SweepReport:
     deadline_hit: bool = False
     conflict: bool = False  # another worker changed the context meanwhile; this sweep's work was dropped
     preempted: bool = False  # a background summary gave way to a chat request; the rest waits for a later sweep
+    busy: bool = False  # another sweep of the conversation (another process) held its lease throughout: nothing done
     tokens_before: int = 0
     tokens_after: int = 0
 
@@ -98,6 +102,7 @@ class Compactor:
         self.settings = settings
         self.guard = guard
         self.writer = SummaryWriter(store, settings, guard)
+        self.leases = CompactionLeases(store)
 
     def default_sizes(self, summarizer: Summarizer | None = None) -> Sizes:
         """Sizes when no request is at hand (the operator's ``compact``): a large model's."""
@@ -181,10 +186,25 @@ class Compactor:
         sizes: Sizes | None = None,
         count: int | None = None,
         target_tokens: int | None = None,
+        lease_wait: float = 0.0,
     ) -> SweepReport:
         """Passes until the context is under ``target_tokens`` (by default the sizes' target; with neither, until
         nothing outside the tail is left) and its summaries fit their room, bounded by an iteration cap and a
-        deadline; the result is committed at once."""
+        deadline; the result is committed at once. While another process sweeps the conversation, this waits
+        for it at most ``lease_wait`` seconds, then starts from what it committed (or does nothing: ``busy``)."""
+        async with self.leases.hold(conversation_id, lease_wait) as held:
+            if not held:
+                return SweepReport(busy=True)
+            return await self._sweep(conversation_id, summarizer, sizes, count, target_tokens)
+
+    async def _sweep(
+        self,
+        conversation_id: str,
+        summarizer: Summarizer | None,
+        sizes: Sizes | None,
+        count: int | None,
+        target_tokens: int | None,
+    ) -> SweepReport:
         report = SweepReport()
         conversation = await self.store.read.conversation(None, conversation_id)
         if conversation is None:

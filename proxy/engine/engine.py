@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.config import LcmSettings
-from proxy.engine import auto_recall, budget, tokens
+from proxy.engine import answers, auto_recall, budget, tokens
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
@@ -114,6 +114,8 @@ class ContextEngine:
         instructions, _ = split_instructions(messages)
         instruction_tokens = tokens.count_messages(instructions) if instructions else 0
         limit = request_budget.for_messages(instruction_tokens)
+        if request_budget.reserve_leaves_no_room(instruction_tokens):
+            raise self._no_room(limit, request_budget, instruction_tokens)  # before anything is stored
         sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None))
         ingested = await self.ingestor.ingest(
             tenant,
@@ -135,7 +137,9 @@ class ContextEngine:
         required = sum(view.costs[view.required - view.upto :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
-            raise self._too_large(required, limit, request_budget, instruction_tokens)
+            refusal = self._too_large(required, limit, request_budget, instruction_tokens)
+            refusal.conversation_id = ingested.conversation_id
+            raise refusal
         request = _Request(
             tenant, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
             tools_offered,
@@ -173,7 +177,7 @@ class ContextEngine:
             return Prepared(
                 conversation.id, ingested.messages, ingested.tokens_sent, ingested.tokens_forwarded, compaction,
                 limit, self._offer_tools(stubs, tools_offered), max(0, limit - view.tokens), count,
-                Sent(tokens=view.tokens), sizes,
+                Sent(tokens=view.tokens), sizes, ingested.tip_chain,
             )  # fmt: skip
         try:
             assembly = fit(view.summaries, view.upto, view.roles, view.costs, sizes.context)
@@ -223,6 +227,7 @@ class ContextEngine:
             count,
             sent,
             sizes,
+            ingested.tip_chain,
         )
 
     async def _view(self, conversation: ConversationRecord, count: int, limit: int) -> View:
@@ -265,10 +270,17 @@ class ContextEngine:
         b = request_budget
         return ContextLengthExceeded(
             f"The newest user message and what follows it need {needed} tokens, but only {limit} are available "
-            f"for messages: context window {b.window} ({b.window_source}) - output reserve {b.output_reserve} "
-            f"({b.reserve_source}) - instructions {instructions} - tool schemas {b.tools}. Lower "
+            f"for messages: {b.arithmetic(instructions)}. Lower "
             f"{b.reserve_source}, shorten the message, or use a model with a larger window.",
             param="messages",
+        )
+
+    def _no_room(self, limit: int, request_budget: Budget, instructions: int) -> ContextLengthExceeded:
+        b = request_budget
+        return ContextLengthExceeded(
+            f"{b.reserve_source} {b.output_reserve} leaves no room for messages in this model's context window of "
+            f"{b.window} tokens: {b.arithmetic(instructions)} = {limit}. Lower {b.reserve_source}.",
+            param=b.reserve_source,
         )
 
     async def _wait_inline(self, conversation_id: str, task: asyncio.Task[SweepReport]) -> Compaction:
@@ -284,6 +296,8 @@ class ContextEngine:
                 self.settings.inline_compaction_seconds,
             )
             return "deferred"
+        if not task.cancelled() and task.result().busy:
+            return "deferred"  # another process kept sweeping it: its result lands, or a background sweep follows
         return "inline"
 
     def _start(
@@ -294,6 +308,11 @@ class ContextEngine:
         count: int | None,
         kind: str,
     ) -> asyncio.Task[SweepReport]:
+        """The sweep of ``conversation_id``: the running one if there is one (single flight: a second request
+        waits for it and then looks at the context again), else a new one."""
+        running = self._background.get(conversation_id)
+        if running is not None and not running.done():
+            return running
         self._modes[conversation_id] = Yielding(background=kind == "background")
         task = asyncio.create_task(self._sweep(conversation_id, summarizer, sizes, count, kind))
         self._background[conversation_id] = task
@@ -310,8 +329,12 @@ class ContextEngine:
         # This task's own context: a background sweep's summarizer calls give way to chat requests, and so do an
         # inline sweep's once its request stopped waiting for it (``_wait_inline``).
         SWEEP_MODE.set(self._modes[conversation_id])
+        # How long to wait for a sweep of the same conversation in another process (``proxy.engine.lease``): a
+        # request at most as long as it waits anyway, background work not at all, the operator's until it ends.
+        waits = {"inline": self.settings.inline_compaction_seconds, "background": 0.0}
+        wait = waits.get(kind, self.settings.sweep_deadline_seconds)
         try:
-            report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count)
+            report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count, lease_wait=wait)
             log.info("%s compaction of %s: %s", kind, conversation_id, report)
             return report
         except Exception:
@@ -375,11 +398,45 @@ class ContextEngine:
         overran the deadline and gave way to it (one per conversation)."""
         if prepared.compaction not in ("scheduled", "deferred") or prepared.conversation_id is None:
             return False
-        running = self._background.get(prepared.conversation_id)
+        conversation_id, sizes = prepared.conversation_id, prepared.sizes
+        running = self._background.get(conversation_id)
         if running is not None and not running.done():
+            # Single flight: no second sweep beside it. But should it stop short (it gave way to a chat request,
+            # this one's own, or another process held the conversation), the work this request asks for
+            # resumes in the background then instead of waiting for some later request.
+            def resume(task: asyncio.Task[SweepReport]) -> None:
+                report = None if task.cancelled() else task.result()
+                if report is not None and (report.preempted or report.busy):
+                    self._start(conversation_id, summarizer, sizes, None, "background")
+
+            running.add_done_callback(resume)
             return False
-        self._start(prepared.conversation_id, summarizer, prepared.sizes, None, "background")
+        self._start(conversation_id, summarizer, sizes, None, "background")
         return True
+
+    async def compact(self, conversation_id: str, summarizer: RequestSummarizer | None) -> SweepReport:
+        """A full sweep now (the admin API, ``lcm-proxy compact``): after the conversation's running sweep, never
+        beside it, so nothing is summarised twice."""
+        while (running := self._background.get(conversation_id)) is not None and not running.done():
+            log.info("compaction of %s is running already: the full sweep waits for it", conversation_id)
+            await asyncio.wait({running})
+        return await asyncio.shield(self._start(conversation_id, summarizer, None, None, "full"))
+
+    async def record_answer(self, tenant: str, prepared: Prepared, message: Any, asked_at: float) -> bool:
+        """Store the answer relayed for ``prepared`` (a request that arrived at ``asked_at``) as its
+        conversation's newest message (``answers``)."""
+        answer = answers.answer_message(message)
+        if answer is None or prepared.conversation_id is None:
+            return False
+        return await answers.record_answer(
+            self.ingestor,
+            tenant,
+            prepared.conversation_id,
+            prepared.transcript_length,
+            prepared.tip_chain,
+            answer,
+            asked_at,
+        )
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait for background compactions (tests, shutdown)."""

@@ -1,6 +1,6 @@
 """Ingest: reconcile a request's transcript with the store, append only what is new.
 
-Rules (DESIGN.md, "Request lifecycle" step 5), with T the request's transcript (instructions removed), S
+Rules (ARCHITECTURE.md, "Request lifecycle" step 5), with T the request's transcript (instructions removed), S
 the stored conversation it belongs to and p the length of their common prefix:
 
 * p == len(S) < len(T): continuation — append T[p:].
@@ -27,7 +27,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -84,6 +84,7 @@ class IngestResult:
     messages: Messages  # what to forward: instructions + transcript with stubs applied
     tokens_sent: int  # of the transcript as the client sent it (instructions included)
     tokens_forwarded: int
+    tip_chain: str | None = None  # chain hash of the transcript's last message (where a relayed answer goes)
 
 
 class _NeedsPreparation(Exception):
@@ -150,6 +151,17 @@ async def _longest_prefix(q: Queries, tenant: str, chains: list[str], among: lis
     return Located(best, common)
 
 
+async def replaces_relayed_answer(q: Queries, located: Located, transcript: Messages) -> bool:
+    """Whether the request differs from its conversation only in the answer the proxy relayed and stored last
+    (``proxy.engine.answers``): the client's version then replaces it."""
+    conversation, common = located.conversation, located.common
+    if conversation is None or common != conversation.message_count - 1 or common >= len(transcript):
+        return False
+    if transcript[common].get("role") != "assistant":
+        return False
+    return await q.replaceable_answer(conversation.id) == common
+
+
 class Ingestor:
     def __init__(
         self, store: SQLiteStore, files: FileStore, thresholds: Thresholds, guard: Guard | None = None
@@ -188,7 +200,7 @@ class Ingestor:
             if isinstance(call, dict) and isinstance(call.get("function"), dict)
         }
         explorations: dict[str, str] = {}
-        explorer = self._explorer(tenant, summarizer, explorations)
+        explorer = self.explorer(tenant, summarizer, explorations)
         limits = thresholds or self.thresholds
         interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer)
 
@@ -202,7 +214,7 @@ class Ingestor:
 
             async def prepare(i: int) -> tuple[Interception, NewMessage]:
                 if i not in prepared:
-                    prepared[i] = await self._prepare(interceptor, transcript[i], chains[i], tool_names, batch)
+                    prepared[i] = await self.prepare_message(interceptor, transcript[i], chains[i], tool_names, batch)
                 return prepared[i]
 
             for i in range(first_guess.common, len(transcript)):
@@ -259,6 +271,7 @@ class Ingestor:
             messages=forwarded if changed else messages,  # zero-cost: the very same list when nothing changed
             tokens_sent=sent_tokens + instruction_tokens,
             tokens_forwarded=forwarded_tokens + instruction_tokens,
+            tip_chain=chains[-1],
         )
 
     async def _write(
@@ -295,6 +308,15 @@ class Ingestor:
         async with self.store.write() as tx:
             located = await locate(tx, tenant, chains, key)
             action = located.action(len(transcript))
+            if action == "fork" and await replaces_relayed_answer(tx, located, transcript):
+                # The client re-sent the answer the proxy stored when it relayed it, in its own version: the
+                # client's wins, in place (not a fork).
+                assert located.conversation is not None
+                await tx.drop_relayed_answer(located.conversation.id, located.common)
+                located = Located(
+                    replace(located.conversation, message_count=located.common), located.common, located.client_key
+                )
+                action = "append"
             conversation = located.conversation
             forked_from = None
             start = len(transcript)
@@ -345,7 +367,7 @@ class Ingestor:
             for interception, _ in new:
                 for payload in interception.payloads:
                     exploration = explorations.get(payload.file_id)
-                    record = self._file_record(tenant, conversation_id, payload, exploration, batch)
+                    record = self.file_record(tenant, conversation_id, payload, exploration, batch)
                     paths.append(record.path)
                     await tx.put_file(record)
             if new:
@@ -358,10 +380,10 @@ class Ingestor:
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from
 
-    def _file_record(
+    def file_record(
         self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: FileBatch
     ) -> FileRecord:
-        # Every payload of a prepared message was added to the batch by _prepare, which hashed it there.
+        # Every payload of a prepared message was added to the batch by prepare_message, which hashed it there.
         sha, path = batch.location(payload.file_id) or batch.add(payload.data, payload.file_id)
         return FileRecord(
             id=payload.file_id,
@@ -377,7 +399,7 @@ class Ingestor:
             created_at=time.time(),
         )
 
-    def _explorer(
+    def explorer(
         self, tenant: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
     ) -> Callable[[Payload], Awaitable[str]]:
         """The exploration of one request's payloads, within its budget of summary-model calls."""
@@ -412,7 +434,7 @@ class Ingestor:
 
         return explore
 
-    async def _prepare(
+    async def prepare_message(
         self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: FileBatch
     ) -> tuple[Interception, NewMessage]:
         # Interception, patching, counting and hashing are CPU work proportional to the message (a message may

@@ -56,3 +56,4 @@ class Prepared:
     transcript_length: int = 0  # messages of the request after its instructions: what its recall may see
     sent: Sent = field(default_factory=Sent)
     sizes: Sizes | None = None
+    tip_chain: str | None = None  # chain hash of the request's last message: the relayed answer follows it

@@ -411,6 +411,9 @@ class RecallTools:
             return "\n".join([*header, "(binary content: not shown as text)"])
         text = self._read(record).decode("utf-8", "replace")
         lines = text.splitlines(keepends=True)
+        first, last = args.get("start_line"), args.get("end_line")
+        if type(first) is int and type(last) is int and last < first:
+            raise RecallError(f"'end_line' ({last}) is before 'start_line' ({first})", param="end_line")
         start = _int(args, "start_line", 1, 1, max(1, len(lines)))
         end = _int(args, "end_line", len(lines), start, max(start, len(lines)))
         selected = "".join(lines[start - 1 : end])

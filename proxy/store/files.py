@@ -9,13 +9,26 @@ Writes go through a ``FileBatch``, one per request: new payloads are written to 
 and made durable there, then *published* (renamed into place) by the write transaction that stores the rows
 referring to them, before it commits; a request that fails before that deletes its pending files and
 leaves nothing behind. A published file is never deleted that way: another request of the same tenant may
-refer to the same content. Files are 0600 in 0700 folders. Reads resolve the path and refuse anything
-that leaves the files root, symlinks included: a path comes from the database, and a database is not
-trusted to be untampered.
+refer to the same content. Files are 0600 in 0700 folders. Reads resolve the path and refuse anything that
+leaves the files root, symlinks included: a path comes from the database, and a database is not trusted to
+be untampered.
+
+Leftovers: a process killed between writing a pending file and its request's end leaves that file behind,
+and one killed between publishing and committing leaves a stored file that no row names. Neither is ever
+read; ``lcm-proxy doctor`` reports them and ``doctor --repair`` deletes them. The rule that keeps this safe
+while a server runs: every process that writes payloads holds a shared lock on ``lcm.writers.lock`` from its
+first write until it exits (the kernel drops it when the process dies), so whoever gets the exclusive lock
+knows no write is in flight, and every leftover it finds is one. Without it, only files older than
+``PENDING_MAX_AGE`` count (no request holds its files that long). A stored file without a row is deleted only
+inside a write transaction that re-checks the rows (a publish happens inside its rows' transaction, so
+none is half-done then); and a request that found its content already stored, before its transaction
+began, checks in that transaction that the file is still there and writes it again if it is not. A new
+process's first write also deletes the pending files of dead ones (all of them when it is alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -23,11 +36,20 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, so no process ever counts as alone with the files
+    fcntl = None  # type: ignore[assignment]
+
 PENDING = ".pending"  # under the files root: same file system, so publishing is an atomic rename
-PENDING_MAX_AGE = 3600.0  # seconds: pending files this old belong to a process that died mid-request
+PENDING_MAX_AGE = 600.0  # seconds: pending files this old belong to a process that died mid-request
+WRITERS = "lcm.writers.lock"  # in the data directory: the lock every process that writes payloads holds (shared)
+LEGACY_TEMP = ".tmp-"  # the prefix of temporary files next to their final name, before the pending folder
 SYNCFS_BATCH = 16  # from this many files on, one syncfs(2) instead of an fsync per file (Linux)
 
 
@@ -73,12 +95,37 @@ def _sync(paths: Iterable[Path], anchor: Path | None = None) -> None:
             os.close(fd)
 
 
+@dataclass(frozen=True)
+class DiskFile:
+    relative: str  # to the data directory, as ``files.path`` names it
+    bytes: int
+    mtime: float
+
+
+def _disk_file(entry: os.DirEntry[str], data_dir: Path) -> DiskFile | None:
+    try:
+        if not entry.is_file(follow_symlinks=False):
+            return None
+        info = entry.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return DiskFile(Path(entry.path).relative_to(data_dir).as_posix(), info.st_size, info.st_mtime)
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 class FileStore:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.root = data_dir / "files"
         self.pending_dir = self.root / PENDING
         self._swept = False
+        self._setup = threading.Lock()
 
     @staticmethod
     def digest(data: bytes) -> str:
@@ -127,9 +174,79 @@ class FileStore:
     def _prepare_pending(self) -> None:
         for folder in (self.root, self.pending_dir):
             _private_dir(folder)
-        if not self._swept:
+        with self._setup:
+            if self._swept:
+                return
             self._swept = True
-            self.sweep_pending()
+            # This process's first write: from now on it holds the writers' lock (shared). Pending files left by
+            # processes that died mid-request go first: all of them when no other process writes here.
+            if fcntl is None:
+                self.sweep_pending()
+                return
+            fd = self._writers_lock()
+            weakref.finalize(self, os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except BlockingIOError:
+                alone = False
+            self.sweep_pending(0.0 if alone else PENDING_MAX_AGE)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while doctor --repair holds it exclusively
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[bool]:
+        """Whether no process is writing payloads here (True: none can start until the block ends; False: one
+        may be, its files in flight). For ``doctor``, which itself never writes payloads."""
+        if fcntl is None or not self.root.is_dir():  # no lock, or nothing was ever written here
+            yield fcntl is not None
+            return
+        fd = self._writers_lock()
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _writers_lock(self) -> int:
+        fd = os.open(self.data_dir / WRITERS, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.fchmod(fd, 0o600)
+        return fd
+
+    def partial_files(self) -> list[DiskFile]:
+        """Pending files, and temporary files of older versions next to stored ones: none is ever read."""
+        found = [_disk_file(e, self.data_dir) for e in _entries(self.pending_dir)]
+        for folder in self._content_folders():
+            found += [_disk_file(e, self.data_dir) for e in _entries(folder) if e.name.startswith(LEGACY_TEMP)]
+        return [f for f in found if f is not None]
+
+    def stored_files(self) -> list[DiskFile]:
+        """Every file in the content folders (``files/ab/...``): what rows may name."""
+        found = []
+        for folder in self._content_folders():
+            found += [_disk_file(e, self.data_dir) for e in _entries(folder) if not e.name.startswith(LEGACY_TEMP)]
+        return [f for f in found if f is not None]
+
+    def _content_folders(self) -> list[Path]:
+        return sorted(
+            Path(e.path)
+            for e in _entries(self.root)
+            if len(e.name) == 2 and all(c in "0123456789abcdef" for c in e.name) and e.is_dir(follow_symlinks=False)
+        )
+
+    def remove(self, relative: str) -> bool:
+        """Delete a leftover file (a path from ``partial_files`` or ``stored_files``); whether it was there."""
+        path = self.data_dir / relative
+        if self.root.resolve() not in path.parent.resolve().parents:
+            raise UnsafePathError("file path leaves the files folder")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def resolve(self, relative: str) -> Path:
         if not relative or os.path.isabs(relative) or "\x00" in relative:
@@ -169,6 +286,7 @@ class FileBatch:
         self._located: dict[str, tuple[str, str]] = {}  # file id -> (sha256, relative path)
         self._queued: dict[str, bytes] = {}  # relative path -> content, not written yet
         self._pending: dict[str, Path] = {}  # relative path -> durable pending file, not published yet
+        self._contents: dict[str, bytes] = {}  # relative path -> content, for a stored file that went missing
         self._closed = False
         self.holds_files = False  # anything was ever added: then discard() must run when the request is done
 
@@ -180,6 +298,7 @@ class FileBatch:
             self.holds_files = True
             if relative not in self._pending:
                 self._queued.setdefault(relative, data)
+            self._contents.setdefault(relative, data)
             if file_id is not None:
                 self._located[file_id] = (sha, relative)
         return sha, relative
@@ -199,25 +318,27 @@ class FileBatch:
                 raise BatchClosedError("this request's files were discarded")
             queued, self._queued = self._queued, {}
             todo = {r: d for r, d in queued.items() if not (self.store.data_dir / r).is_file()}
-            if not todo:
-                return
-            self.store._prepare_pending()
-            written: dict[str, Path] = {}
-            try:
-                for relative, data in todo.items():
-                    path = self.store.pending_dir / secrets.token_hex(16)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-                    written[relative] = path
-                    with os.fdopen(fd, "wb") as handle:
-                        os.fchmod(handle.fileno(), 0o600)  # whatever the umask
-                        handle.write(data)
-                # Durable before it can be published: a published file is trusted by its name for ever.
-                _sync(written.values(), self.store.pending_dir)
-            except BaseException:
-                for path in written.values():
-                    path.unlink(missing_ok=True)
-                raise
-            self._pending.update(written)
+            if todo:
+                self._pending.update(self._write_pending(todo))
+
+    def _write_pending(self, todo: dict[str, bytes]) -> dict[str, Path]:
+        self.store._prepare_pending()
+        written: dict[str, Path] = {}
+        try:
+            for relative, data in todo.items():
+                path = self.store.pending_dir / secrets.token_hex(16)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                written[relative] = path
+                with os.fdopen(fd, "wb") as handle:
+                    os.fchmod(handle.fileno(), 0o600)  # whatever the umask
+                    handle.write(data)
+            # Durable before it can be published: a published file is trusted by its name for ever.
+            _sync(written.values(), self.store.pending_dir)
+        except BaseException:
+            for path in written.values():
+                path.unlink(missing_ok=True)
+            raise
+        return written
 
     def publish(self, relatives: Iterable[str]) -> None:
         """Rename these paths' pending files into place, durably (call before the rows referring to them
@@ -227,7 +348,18 @@ class FileBatch:
                 raise BatchClosedError("this request's files were discarded before its transaction published them")
             if self._queued:
                 raise RuntimeError("publish() before write(): some payloads are not on disk yet")
-            moves = [(r, self._pending[r]) for r in dict.fromkeys(relatives) if r in self._pending]
+            relatives = list(dict.fromkeys(relatives))
+            # Content found stored before this transaction began may have been a leftover that doctor --repair
+            # deleted since (it had no row then): it is written again, so that no committed row names a
+            # missing file.
+            gone = {
+                r: self._contents[r]
+                for r in relatives
+                if r not in self._pending and r in self._contents and not (self.store.data_dir / r).is_file()
+            }
+            if gone:
+                self._pending.update(self._write_pending(gone))
+            moves = [(r, self._pending[r]) for r in relatives if r in self._pending]
             if not moves:
                 return
             folders: dict[Path, None] = {}
@@ -246,6 +378,7 @@ class FileBatch:
         with self._lock:
             self._closed = True
             self._queued.clear()
+            self._contents.clear()
             pending, self._pending = self._pending, {}
         for path in pending.values():
             path.unlink(missing_ok=True)

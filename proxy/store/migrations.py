@@ -202,3 +202,31 @@ migration(
     );
     """,
 )
+
+migration(
+    "m004_relayed_answers",
+    """
+    -- The answer the proxy relayed and stored as a conversation's last message before the client re-sent it
+    -- (proxy.engine.answers). While it is still the last message and nothing summarises it, the client's own
+    -- version of it (or a regenerated answer) replaces it in place instead of forking.
+    CREATE TABLE relayed_answers (
+        conversation_id TEXT PRIMARY KEY REFERENCES conversations(id),
+        seq INTEGER NOT NULL,
+        created_at REAL NOT NULL                  -- when the request it answered arrived (the latest wins)
+    );
+    """,
+)
+
+migration(
+    "m005_compaction_leases",
+    """
+    -- At most one compaction sweep of a conversation at a time, across processes (several workers, the
+    -- operator's CLI): a sweep takes its conversation's lease in a write transaction, renews it while it runs
+    -- and deletes it when done. A lease past expires_at (its holder died) may be taken over.
+    CREATE TABLE compaction_leases (
+        conversation_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,                      -- host:pid:token of the sweep that holds it
+        expires_at REAL NOT NULL                  -- unix time
+    );
+    """,
+)

@@ -23,12 +23,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
+from proxy.errors import StoreBusyError
 from proxy.store.migrations import apply_migrations
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, SummaryRecord
 
@@ -52,8 +53,26 @@ _PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable across process crashes, no fsync per commit
     "PRAGMA foreign_keys=ON",
-    "PRAGMA busy_timeout=10000",
 )
+BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another process's write lock before it gives up
+_BUSY = ("database is locked", "database is busy")
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    return any(text in str(error) for text in _BUSY)
+
+
+@contextlib.contextmanager
+def _busy_is_retryable() -> Iterator[None]:
+    """The one place where SQLite's "database is locked" (another process held the write lock for longer than
+    ``BUSY_TIMEOUT_MS``: several workers, the operator's CLI) becomes ``StoreBusyError``, a retryable 503,
+    instead of an internal error that tells clients never to retry."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        if _is_busy(error):
+            raise StoreBusyError() from error
+        raise
 
 
 async def _connect(path: Path) -> aiosqlite.Connection:
@@ -65,7 +84,7 @@ async def _connect(path: Path) -> aiosqlite.Connection:
     worker: threading.Thread = getattr(conn, "_thread", None) or conn  # type: ignore[assignment]
     worker.daemon = True
     await conn
-    for pragma in _PRAGMAS:
+    for pragma in (*_PRAGMAS, f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_MS)}"):
         await conn.execute(pragma)
     return conn
 
@@ -87,16 +106,18 @@ class Queries:
         self.conn = conn
 
     async def _one(self, sql: str, args: Sequence[Any]) -> Any:
-        if isinstance(self.conn, sqlite3.Connection):
-            return self.conn.execute(sql, args).fetchone()
-        async with self.conn.execute(sql, args) as cursor:
-            return await cursor.fetchone()
+        with _busy_is_retryable():
+            if isinstance(self.conn, sqlite3.Connection):
+                return self.conn.execute(sql, args).fetchone()
+            async with self.conn.execute(sql, args) as cursor:
+                return await cursor.fetchone()
 
     async def _all(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        if isinstance(self.conn, sqlite3.Connection):
-            return self.conn.execute(sql, args).fetchall()
-        async with self.conn.execute(sql, args) as cursor:
-            return list(await cursor.fetchall())
+        with _busy_is_retryable():
+            if isinstance(self.conn, sqlite3.Connection):
+                return self.conn.execute(sql, args).fetchall()
+            async with self.conn.execute(sql, args) as cursor:
+                return list(await cursor.fetchall())
 
     async def conversation(self, tenant: str | None, conversation_id: str) -> ConversationRecord | None:
         """``tenant=None`` is for the operator's CLI only, which sees every tenant."""
@@ -113,6 +134,12 @@ class Queries:
             (tenant, key, key, key),
         )
         return ConversationRecord(*row) if row else None
+
+    async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
+        """The conversations clients of any tenant named ``key`` (for the operator's CLI, which sees every
+        tenant): two at most, enough to tell a unique key from an ambiguous one."""
+        rows = await self._all(f"SELECT {_CONV_COLUMNS} FROM conversations WHERE external_key = ? LIMIT 2", (key,))
+        return [ConversationRecord(*r) for r in rows]
 
     async def conversations(self, tenant: str | None = None, limit: int = 1000) -> list[ConversationRecord]:
         where, args = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
@@ -288,6 +315,37 @@ class Queries:
         )
         return [(int(r[0]), int(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
 
+    async def compaction_lease(self, conversation_id: str) -> tuple[str, float] | None:
+        """(owner, expires_at) of the compaction lease of ``conversation_id``, expired or not, if there is one."""
+        row = await self._one(
+            "SELECT owner, expires_at FROM compaction_leases WHERE conversation_id = ?", (conversation_id,)
+        )
+        return (str(row[0]), float(row[1])) if row else None
+
+    async def known_file_paths(self, paths: Sequence[str]) -> set[str]:
+        """Those of ``paths`` (relative to the data directory) that a ``files`` row names."""
+        known: set[str] = set()
+        for start in range(0, len(paths), 500):
+            chunk = list(paths[start : start + 500])
+            rows = await self._all(f"SELECT path FROM files WHERE path IN ({','.join('?' * len(chunk))})", chunk)
+            known |= {str(r[0]) for r in rows}
+        return known
+
+
+    async def replaceable_answer(self, conversation_id: str) -> int | None:
+        """The seq of the answer the proxy relayed and stored, while it may still be replaced: it is the last
+        message, and no summary and no fork reaches it."""
+        row = await self._one(
+            "SELECT r.seq FROM relayed_answers r JOIN conversations c ON c.id = r.conversation_id"
+            " JOIN messages m ON m.conversation_id = r.conversation_id AND m.seq = r.seq"
+            " WHERE r.conversation_id = ? AND r.seq = c.message_count - 1 AND c.summarized_upto <= r.seq"
+            " AND NOT EXISTS (SELECT 1 FROM summary_sources s WHERE s.message_id = m.id)"
+            " AND NOT EXISTS"
+            " (SELECT 1 FROM conversations f WHERE f.parent_id = r.conversation_id AND f.fork_seq > r.seq)",
+            (conversation_id,),
+        )
+        return int(row[0]) if row else None
+
 
 class WriteTransaction(Queries):
     conn: aiosqlite.Connection
@@ -364,6 +422,28 @@ class WriteTransaction(Queries):
             (conversation_id, conversation_id, time.time(), conversation_id),
         )
 
+    async def set_relayed_answer(self, conversation_id: str, seq: int, asked_at: float) -> None:
+        """Record the message at ``seq`` as the answer relayed for a request that arrived at ``asked_at``."""
+        await self.conn.execute(
+            "INSERT OR REPLACE INTO relayed_answers (conversation_id, seq, created_at) VALUES (?, ?, ?)",
+            (conversation_id, seq, asked_at),
+        )
+
+    async def relayed_answer_asked_at(self, conversation_id: str) -> float | None:
+        row = await self._one("SELECT created_at FROM relayed_answers WHERE conversation_id = ?", (conversation_id,))
+        return float(row[0]) if row else None
+
+    async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None:
+        """Remove the relayed answer at ``seq`` (checked with ``replaceable_answer`` in this transaction)."""
+        await self.conn.execute(
+            "DELETE FROM message_files WHERE message_id IN"
+            " (SELECT id FROM messages WHERE conversation_id = ? AND seq = ?)",
+            (conversation_id, seq),
+        )
+        await self.conn.execute("DELETE FROM messages WHERE conversation_id = ? AND seq = ?", (conversation_id, seq))
+        await self.conn.execute("DELETE FROM relayed_answers WHERE conversation_id = ?", (conversation_id,))
+        await self._refresh_counts(conversation_id)
+
     async def set_instructions(self, conversation_id: str, instructions_json: str | None) -> None:
         await self.conn.execute(
             "UPDATE conversations SET instructions_json = ?, updated_at = ? WHERE id = ?",
@@ -425,6 +505,35 @@ class WriteTransaction(Queries):
             ),
         )  # fmt: skip
 
+    # Compaction leases: at most one sweep of a conversation at a time across processes (workers, the CLI). A
+    # lease names its owner and expires unless renewed, so one whose holder died (SIGKILL) is taken over.
+
+    async def take_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool:
+        """Take the lease of ``conversation_id`` for ``ttl`` seconds if it is free, expired or already
+        ``owner``'s; whether ``owner`` holds it now."""
+        now = time.time()
+        await self.conn.execute(
+            "INSERT INTO compaction_leases (conversation_id, owner, expires_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(conversation_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+            " WHERE compaction_leases.expires_at <= ? OR compaction_leases.owner = excluded.owner",
+            (conversation_id, owner, now + ttl, now),
+        )
+        held = await self.compaction_lease(conversation_id)
+        return held is not None and held[0] == owner
+
+    async def renew_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool:
+        """Extend ``owner``'s lease; False when it is no longer ``owner``'s (it expired and was taken over)."""
+        cursor = await self.conn.execute(
+            "UPDATE compaction_leases SET expires_at = ? WHERE conversation_id = ? AND owner = ?",
+            (time.time() + ttl, conversation_id, owner),
+        )
+        return cursor.rowcount > 0
+
+    async def release_compaction_lease(self, conversation_id: str, owner: str) -> None:
+        await self.conn.execute(
+            "DELETE FROM compaction_leases WHERE conversation_id = ? AND owner = ?", (conversation_id, owner)
+        )
+
 
 class SQLiteStore:
     def __init__(self, data_dir: Path) -> None:
@@ -478,7 +587,8 @@ class SQLiteStore:
                 await self._writer.rollback()
             begin = asyncio.ensure_future(self._writer.execute("BEGIN IMMEDIATE"))
             try:
-                await asyncio.shield(begin)
+                with _busy_is_retryable():
+                    await asyncio.shield(begin)
             except asyncio.CancelledError:
                 # The BEGIN still runs in the writer's thread. Let it finish and undo it before the lock is
                 # released, or the next unit's BEGIN would fail inside this abandoned transaction.
@@ -487,8 +597,10 @@ class SQLiteStore:
                     await self._writer.rollback()
                 raise
             try:
-                yield WriteTransaction(self._writer)
+                with _busy_is_retryable():
+                    yield WriteTransaction(self._writer)
             except BaseException:
                 await self._writer.rollback()
                 raise
-            await self._writer.commit()
+            with _busy_is_retryable():
+                await self._writer.commit()

@@ -72,6 +72,10 @@ async def summary(request: Request, state: AppState, tenant: str) -> dict[str, A
 async def file(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
     start = _int_param(request, "start_line", None, 1, 10**9)
     end = _int_param(request, "end_line", None, 1, 10**9)
+    if start is not None and end is not None and end < start:
+        raise InvalidRequestError(
+            f"'end_line' ({end}) must not be less than 'start_line' ({start})", param="end_line", code="invalid_value"
+        )
     return await state.admin.file(tenant, request.path_params["id"], start, end)
 
 
@@ -87,9 +91,7 @@ async def grep(request: Request, state: AppState, tenant: str) -> dict[str, Any]
 
 
 async def compact(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
-    record = await state.engine.store.read.conversation(tenant, request.path_params["id"])
-    if record is None:
-        raise NotFound(f"no conversation {request.path_params['id']}")
+    record = await state.admin.find(tenant, request.path_params["id"])
     model = request.query_params.get("model") or state.config.lcm_settings.summary_model or record.last_model
     summarizer = state.summarizer_for(state.router.resolve(model)) if model else None
     return await state.admin.compact(tenant, record.id, summarizer)

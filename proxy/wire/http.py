@@ -25,6 +25,9 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     headers = dict(headers or {})
     if not error.retryable:
         headers["x-should-retry"] = "false"
+    retry_after = getattr(error, "retry_after", None)  # seconds, on errors that know when a retry can succeed
+    if retry_after is not None:
+        headers.setdefault("retry-after", str(retry_after))
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
 
 

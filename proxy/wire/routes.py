@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.background import BackgroundTask
@@ -18,19 +20,41 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
-from proxy.engine.engine import Preparation, Prepared
+from proxy.engine.engine import Budget, Preparation, Prepared
 from proxy.engine.recall import clip_to_tokens
-from proxy.errors import InternalError, InvalidRequestError, ProxyError
+from proxy.errors import ContextLengthExceeded, InternalError, InvalidRequestError, ProxyError, UpstreamError
+from proxy.rounds import Round
 from proxy.routing import ResolvedModel
 from proxy.summarizer import UpstreamSummarizer
 from proxy.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody, Chunk
+from proxy.upstream_errors import is_context_length_error
 from proxy.wire.http import JSONResponse, error_response, read_json_body
 from proxy.wire.sse import DONE, sse_event
 from proxy.wire.validation import validate_chat_request
 
 if TYPE_CHECKING:
     from proxy.app import AppState
+
+
+class Answer:
+    """The answer the client received, once complete, handed to ``record`` (which stores it as the
+    conversation's newest message) before the response ends: once a client has its answer, so has the store."""
+
+    def __init__(self, record: Callable[[Any], Awaitable[None]] | None = None) -> None:
+        self.record = record
+        self.message: Any = None
+
+    async def keep(self, message: Any) -> None:
+        self.message = message
+        if self.record is not None:
+            await self.record(message)
+
+    async def keep_result(self, result: dict[str, Any]) -> None:
+        """A non-streamed answer: kept when it has exactly one choice (with several there is no one answer)."""
+        choices = result.get("choices")
+        if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
+            await self.keep(choices[0].get("message"))
 
 log = logging.getLogger("lcm_proxy.wire")
 
@@ -56,76 +80,134 @@ def _conversation_key(request: Request) -> str | None:
     return key
 
 
+@dataclass
+class _Call:
+    """One chat request on its way through: who asked, for which model, and what the engine made of it."""
+
+    state: AppState
+    tenant: str
+    target: ResolvedModel
+    body: ChatBody  # as the client sent it
+    key: str | None
+    summarizer: UpstreamSummarizer | None = None
+    budget: Budget | None = None
+    asked_at: float = field(default_factory=time.time)  # of several answers to one transcript, the latest stays
+
+    async def begin(self, budget: Budget) -> Preparation:
+        return await self.state.engine.begin(
+            self.tenant,
+            self.body["messages"],
+            budget,
+            self.summarizer,
+            conversation_key=self.key,
+            model=self.body["model"],
+            tools_offered=self.state.offers_recall_tools(self.target),
+        )
+
+    def after(self, prepared: Prepared | None) -> BackgroundTask | None:
+        """The compaction the request calls for, once its response is sent."""
+        if prepared is None or prepared.compaction not in ("scheduled", "deferred"):
+            return None
+        return BackgroundTask(self.state.engine.after_response, prepared, self.summarizer)
+
+    def answer(self, prepared: Prepared | None, body: ChatBody) -> Answer | None:
+        """Where the relayed answer goes: the request's stored conversation, when there is one answer."""
+        if prepared is None or prepared.conversation_id is None or body.get("n") not in (None, 1):
+            return None
+        engine, tenant = self.state.engine, self.tenant
+
+        async def record(message: Any) -> None:
+            try:
+                await engine.record_answer(tenant, prepared, message, self.asked_at)
+            except Exception as error:  # the client gets its answer anyway; its next request stores it
+                log.warning(
+                    "the relayed answer of %s was not stored: %s", prepared.conversation_id, type(error).__name__
+                )
+
+        return Answer(record)
+
+
+def _prepared_headers(prepared: Prepared, headers: dict[str, str]) -> None:
+    if prepared.conversation_id is not None:
+        headers[CONVERSATION_HEADER] = prepared.conversation_id
+    headers["x-lcm-tokens-sent"] = str(prepared.tokens_sent)
+    headers["x-lcm-tokens-forwarded"] = str(prepared.tokens_forwarded)
+    headers["x-lcm-compaction"] = prepared.compaction
+    # What was actually sent: summaries, summaries and messages that did not fit, recalled excerpts.
+    headers["x-lcm-summaries"] = str(len(prepared.sent.summaries))
+    headers["x-lcm-evicted"] = str(len(prepared.sent.evicted) + prepared.sent.dropped)
+    headers["x-lcm-recalled"] = str(len(prepared.sent.recalled))
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     headers: dict[str, str] = {}
     try:
         tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
-        target = state.router.resolve(body["model"])
-        key = _conversation_key(request)
-        background: BackgroundTask | None = None
+        call = _Call(state, tenant, state.router.resolve(body["model"]), body, _conversation_key(request))
         prepared: Prepared | None = None
-        summarizer: UpstreamSummarizer | None = None
         if state.config.lcm_settings.enabled:
-            summarizer = state.summarizer_for(target)
-            budget = state.budget_for(target, body)
-            started = await state.engine.begin(
-                tenant,
-                body["messages"],
-                budget,
-                summarizer,
-                conversation_key=key,
-                model=body["model"],
-                tools_offered=state.offers_recall_tools(target),
-            )
+            call.summarizer = state.summarizer_for(call.target)
+            call.budget = state.budget_for(call.target, body)
+            try:
+                started = await call.begin(call.budget)
+            except ContextLengthExceeded as error:
+                if error.conversation_id is not None:
+                    headers[CONVERSATION_HEADER] = error.conversation_id
+                raise
             if started.compacting is not None and body.get("stream") and started.request is not None:
                 # A streamed request gets its headers at once, and keep-alive comments while it waits.
                 headers[CONVERSATION_HEADER] = started.request.conversation.id
                 headers["x-lcm-compaction"] = "inline"
                 return StreamingResponse(
-                    _after_compaction(state, target, body, started, summarizer, tenant),
-                    media_type="text/event-stream",
-                    headers={**SSE_HEADERS, **headers},
+                    _after_compaction(call, started), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
                 )
             prepared = await started.finish()
-            if prepared.messages is not body["messages"]:
-                body = {**body, "messages": prepared.messages}
-            if prepared.conversation_id is not None:
-                headers[CONVERSATION_HEADER] = prepared.conversation_id
-            headers["x-lcm-tokens-sent"] = str(prepared.tokens_sent)
-            headers["x-lcm-tokens-forwarded"] = str(prepared.tokens_forwarded)
-            headers["x-lcm-compaction"] = prepared.compaction
-            # What was actually sent: summaries, summaries and messages that did not fit, recalled excerpts.
-            headers["x-lcm-summaries"] = str(len(prepared.sent.summaries))
-            headers["x-lcm-evicted"] = str(len(prepared.sent.evicted) + prepared.sent.dropped)
-            headers["x-lcm-recalled"] = str(len(prepared.sent.recalled))
-            if prepared.compaction in ("scheduled", "deferred"):
-                background = BackgroundTask(state.engine.after_response, prepared, summarizer)
-        # From here the upstream is busy with a user's request: background summaries there give way to it.
-        leave = state.priority.enter(state.priority.key(target))
+            _prepared_headers(prepared, headers)
         try:
-            return await _forward(state, target, body, headers, background, prepared, summarizer, tenant, leave)
-        except BaseException:
-            leave()
-            raise
+            return await _forward(call, prepared, headers)
+        except UpstreamError as error:
+            retry = await _compacted_retry(call, prepared, error)
+            if retry is None:
+                raise
+            _prepared_headers(retry, headers)
+            return await _forward(call, retry, headers)
     except ProxyError as error:
         # Once stored, the conversation exists whatever the upstream did: the client still learns its id
         # (and the token figures), so a retry or a look at /lcm/ can name it.
         return error_response(error, headers)
 
 
+CONTEXT_RETRY_SHARE = 0.75  # of the window, for the one retry after the upstream refused the context as too long
+
+
+async def _compacted_retry(call: _Call, prepared: Prepared | None, error: UpstreamError) -> Prepared | None:
+    """The upstream said the context is too long although it fit the proxy's count (a tokenizer that counts
+    higher, a server started with a smaller window than configured): compact to a smaller budget and try once
+    more. None when there is nothing to retry."""
+    if prepared is None or prepared.conversation_id is None or call.budget is None:
+        return None
+    if not is_context_length_error(error):
+        return None
+    budget = replace(call.budget, window=int(call.budget.window * CONTEXT_RETRY_SHARE))
+    log.warning(
+        "the upstream of model %s refused %d tokens as too long for its context: compacting to a window of %d and "
+        "retrying once (set model_info.max_input_tokens to the server's real window)",
+        call.target.alias,
+        prepared.tokens_forwarded,
+        budget.window,
+    )
+    try:
+        return await (await call.begin(budget)).finish()
+    except ContextLengthExceeded:
+        return None  # not even the newest message fits the smaller budget: the upstream's own error stands
+
+
 KEEPALIVE_SECONDS = 5.0
 
 
-async def _after_compaction(
-    state: AppState,
-    target: ResolvedModel,
-    body: ChatBody,
-    started: Preparation,
-    summarizer: UpstreamSummarizer,
-    tenant: str,
-) -> AsyncIterator[bytes]:
+async def _after_compaction(call: _Call, started: Preparation) -> AsyncIterator[bytes]:
     """The body of a streamed response whose headers went out before its inline compaction finished: SSE
     comments (ignored by clients) until the context is assembled, then the upstream's stream."""
     finishing = asyncio.ensure_future(started.finish())
@@ -133,21 +215,23 @@ async def _after_compaction(
         while not (await asyncio.wait({finishing}, timeout=KEEPALIVE_SECONDS))[0]:
             yield b": lcm-proxy is compacting this conversation\n\n"
         prepared = finishing.result()
-        if prepared.messages is not body["messages"]:
-            body = {**body, "messages": prepared.messages}
-        leave = state.priority.enter(state.priority.key(target))
         try:
-            response = await _forward(state, target, body, {}, None, prepared, summarizer, tenant, leave)
-        except BaseException:
-            leave()
-            raise
+            response = await _forward(call, prepared, {})
+        except UpstreamError as error:
+            retry = await _compacted_retry(call, prepared, error)
+            if retry is None:
+                raise
+            prepared = retry
+            response = await _forward(call, prepared, {})
         assert isinstance(response, StreamingResponse)
         async for chunk in response.body_iterator:
             yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
-        if prepared.compaction in ("scheduled", "deferred"):
-            await state.engine.after_response(prepared, summarizer)  # a deferred sweep resumes in the background
+        if response.background is not None:
+            await response.background()  # a deferred sweep resumes in the background
     except ProxyError as error:
         yield sse_event(error.to_json())
+    except asyncio.CancelledError:
+        raise
     except Exception:
         log.exception("unexpected error after an inline compaction")
         yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
@@ -155,49 +239,42 @@ async def _after_compaction(
         finishing.cancel()  # the compaction itself goes on in the background
 
 
-async def _forward(
-    state: AppState,
-    target: ResolvedModel,
-    body: ChatBody,
-    headers: dict[str, str],
-    background: BackgroundTask | None,
-    prepared: Prepared | None,
-    summarizer: UpstreamSummarizer | None,
-    tenant: str,
-    leave: Callable[[], None],
-) -> Response:
-    """Send the request upstream (with the recall loop when offered); ``leave`` runs once the answer is done."""
-    # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so such
-    # requests are forwarded without the recall tools.
-    recall = prepared is not None and prepared.recall and prepared.conversation_id is not None
-    if recall and summarizer is not None and body.get("n") in (None, 1):
-        assert prepared is not None and prepared.conversation_id is not None
-        return await _with_recall(
-            state,
-            tenant,
-            prepared.conversation_id,
-            target,
-            body,
-            summarizer,
-            headers,
-            background,
-            prepared.room,
-            prepared.transcript_length,
-            leave,
-        )
-    if body.get("stream"):
-        # Open the upstream stream before answering, so that an early upstream failure becomes a real
-        # HTTP status instead of an error event inside a 200.
-        stream = await state.upstream.open_stream(target, body)
-        relay = _relay(stream, lambda delta: state.learn_tool_calls(target, delta), leave)
-        return _streaming(relay, headers, background, leave)
+async def _forward(call: _Call, prepared: Prepared | None, headers: dict[str, str]) -> Response:
+    """Send the request upstream (with the recall loop when offered). From here the upstream is busy with a
+    user's request: background summaries there give way to it until the answer is done."""
+    state, target = call.state, call.target
+    body = call.body
+    if prepared is not None and prepared.messages is not body["messages"]:
+        body = {**body, "messages": prepared.messages}
+    single = body.get("n") in (None, 1)
+    answer = call.answer(prepared, body)
+    background = call.after(prepared)
+    leave = state.priority.enter(state.priority.key(target))
     try:
-        result = await state.upstream.complete(target, body)
-    finally:
+        # The recall loop answers for one choice: with n > 1 each choice could call tools of its own, so such
+        # requests are forwarded without the recall tools.
+        recall = prepared is not None and prepared.recall and prepared.conversation_id is not None
+        if recall and call.summarizer is not None and single:
+            assert prepared is not None
+            return await _with_recall(call, prepared, body, headers, background, leave, answer)
+        if body.get("stream"):
+            # Open the upstream stream before answering, so that an early upstream failure becomes a real
+            # HTTP status instead of an error event inside a 200.
+            stream = await state.upstream.open_stream(target, body)
+            relay = _relay(stream, lambda delta: state.learn_tool_calls(target, delta), leave, answer)
+            return _streaming(relay, headers, background, leave)
+        try:
+            result = await state.upstream.complete(target, body)
+        finally:
+            leave()
+        for choice in result.get("choices") or []:
+            state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
+        if answer is not None:
+            await answer.keep_result(result)
+        return JSONResponse(result, headers=headers, background=background)
+    except BaseException:
         leave()
-    for choice in result.get("choices") or []:
-        state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
-    return JSONResponse(result, headers=headers, background=background)
+        raise
 
 
 def _streaming(
@@ -213,51 +290,63 @@ def _streaming(
 
 
 async def _with_recall(
-    state: AppState,
-    tenant: str,
-    conversation_id: str,
-    target: ResolvedModel,
+    call: _Call,
+    prepared: Prepared,
     body: ChatBody,
-    summarizer: UpstreamSummarizer,
     headers: dict[str, str],
     background: BackgroundTask | None,
-    room: int,
-    transcript_length: int,
     leave: Callable[[], None],
+    answer: Answer | None,
 ) -> Response:
     """Offer the recall tools and run the tool loop (the client sees one ordinary answer)."""
+    state, target = call.state, call.target
+    assert prepared.conversation_id is not None and call.summarizer is not None
+    summarizer = call.summarizer
     window = state.budget_for(target, body)
     result_cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
     # The request's own length bounds what it may recall: a re-send of an earlier point sees no more than it sent.
-    scope = await state.recall.scope(tenant, conversation_id, transcript_length)
+    scope = await state.recall.scope(call.tenant, prepared.conversation_id, prepared.transcript_length)
 
     async def run_tool(name: str, arguments: str) -> str:
         return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), result_cap)
 
     client_tools = body.get("tools")
-    loop = RecallLoop(state.upstream, target, run_tool, state.config.lcm_settings.max_tool_rounds, room)
+    loop = RecallLoop(state.upstream, target, run_tool, state.config.lcm_settings.max_tool_rounds, prepared.room)
     offered = with_recall_tools(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunks = await loop.open_stream(offered, client_tools, include_usage)
-        return _streaming(_relay(chunks, None, leave), headers, background, leave)
+        return _streaming(_relay(chunks, None, leave, answer), headers, background, leave)
     try:
-        return JSONResponse(await loop.complete(offered, client_tools), headers=headers, background=background)
+        result = await loop.complete(offered, client_tools)
     finally:
         leave()
+    if answer is not None:
+        await answer.keep_result(result)
+    return JSONResponse(result, headers=headers, background=background)
 
 
 async def _relay(
-    stream: AsyncIterable[Chunk], on_delta: Callable[[Any], None] | None = None, leave: Callable[[], None] | None = None
+    stream: AsyncIterable[Chunk],
+    on_delta: Callable[[Any], None] | None = None,
+    leave: Callable[[], None] | None = None,
+    answer: Answer | None = None,
 ) -> AsyncIterator[bytes]:
     """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
     ``on_delta`` sees each choice's delta (to learn which models make structured tool calls); ``leave`` runs
-    when the stream is over, however it ends."""
+    when the stream is over, however it ends; ``answer`` keeps what the client received when the stream
+    reached its end, before ``[DONE]``."""
+    collected = Round() if answer is not None else None
     try:
         async for chunk in stream:
             if on_delta is not None:
                 for choice in chunk.get("choices") or []:
                     on_delta(choice.get("delta") if isinstance(choice, dict) else None)
+            if collected is not None:
+                try:
+                    collected.add(chunk)
+                except UpstreamError:  # a shape the relay passes on as sent, but no answer to store
+                    collected = None
             yield sse_event(chunk)
     except ProxyError as error:
         yield sse_event(error.to_json())
@@ -269,6 +358,8 @@ async def _relay(
     finally:
         if leave is not None:
             leave()
+    if answer is not None and collected is not None and collected.finish_reason is not None:
+        await answer.keep(collected.message())
     yield DONE
 
 

@@ -174,6 +174,10 @@ def _content(message: dict[str, Any], param: str, allowed: set[str], nullable: b
         return
     content = message["content"]
     if isinstance(content, list):
+        if not content and message.get("role") != "assistant":
+            # OpenAI refuses an empty array ("expected an array with minimum length 1"); an assistant turn that
+            # only calls tools may carry one.
+            raise _fail(f"{param}.content", "expected at least one content part, got an empty array.")
         _text_parts(content, f"{param}.content", allowed)
     else:
         _expect(content, str, f"{param}.content", "a string or an array of content parts")
@@ -234,6 +238,9 @@ def _message(message: Any, param: str) -> None:
             )
     elif role == "function":
         _expect(message.get("name"), str, f"{param}.name", "a string")
+        # The legacy function result: its content is the function's output as a string (or null).
+        if message.get("content") is not None:
+            _expect(message["content"], str, f"{param}.content", "a string")
 
 
 def _tools(body: ChatBody) -> None:

@@ -1,0 +1,226 @@
+"""The upstream error boundary: every exception of a call to the provider becomes one ``UpstreamError``.
+
+LiteLLM, the OpenAI SDK, httpx and aiohttp each raise their own classes, and LiteLLM re-raises the provider's
+error as a class of its own choosing (a 503 as ``BadRequestError``, a context-window refusal as a
+``ContextWindowExceededError`` that has dropped the provider's JSON). So errors are recognised by what the
+whole chain of causes carries (status, the provider's body, the transport's failure), not by the top class.
+This module never imports LiteLLM: it reads exceptions by their attributes and class names.
+
+What reaches the client, and why:
+
+* The provider's own status, message, ``type``, ``code`` and ``param``, each redacted. The body is taken from
+  whichever exception in the chain still holds it. An integer ``code`` (llama.cpp and vLLM repeat the HTTP
+  status there) is kept as its string: OpenAI's error shape types ``code`` as a string.
+* A body LiteLLM could not read as a chat completion (not JSON, ``choices`` not a list, ``function: null``)
+  arrives as a LiteLLM 500 that no HTTP response ever had: it is the upstream's fault, a 502
+  ``upstream_bad_response`` naming the upstream, never a 500 that blames the proxy (and never LiteLLM's text,
+  which holds a Python traceback and the upstream's body).
+* Connection failures and timeouts name the model alias and ``api_base`` (never a key, userinfo or query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from proxy.errors import (
+    ProxyError,
+    UpstreamConnectionError,
+    UpstreamContextLengthError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
+from proxy.redaction import redact_credentials
+from proxy.routing import ResolvedModel
+
+log = logging.getLogger("lcm_proxy.upstream")
+
+DEFAULT_UPSTREAM = "the upstream provider"
+# What providers say when the prompt is longer than their window (lower case). The class LiteLLM picks
+# (``ContextWindowExceededError``) is the first sign; these cover errors LiteLLM did not classify.
+CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+CONTEXT_LENGTH_PHRASES = (
+    "maximum context length",  # OpenAI, vLLM
+    "prompt is too long",  # Anthropic
+    "exceeds the available context size",  # llama.cpp
+    "context length exceeded",
+    "context_length_exceeded",
+)
+
+
+def describe_upstream(target: ResolvedModel) -> str:
+    """Names the upstream as an operator needs it to find the failing deployment: "the upstream provider for
+    model 'local' at http://127.0.0.1:9/v1". The ``api_base`` loses userinfo, query and fragment, where
+    credentials can hide."""
+    name = f"{DEFAULT_UPSTREAM} for model '{target.alias}'"
+    api_base = target.litellm_params.get("api_base")
+    if not isinstance(api_base, str) or not api_base:
+        return name
+    try:
+        parts = urlsplit(api_base)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return name
+    if not parts.scheme or not host:
+        return name
+    host = f"[{host}]" if ":" in host else host
+    return f"{name} at {parts.scheme}://{host}{port}{parts.path}"
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def is_context_length_error(error: UpstreamError) -> bool:
+    """Whether the provider refused the request as longer than its context window (so compacting to a
+    smaller budget and trying again can help)."""
+    if isinstance(error, UpstreamContextLengthError):
+        return True
+    if isinstance(error, UpstreamConnectionError | UpstreamTimeoutError):
+        return False
+    if error.code in CONTEXT_LENGTH_CODES or error.type in CONTEXT_LENGTH_CODES:
+        return True
+    message = error.message.lower()
+    return any(phrase in message for phrase in CONTEXT_LENGTH_PHRASES)
+
+
+# --- reading an exception chain ----------------------------------------------------------------------------
+
+
+def walk_causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _class_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def is_timeout(exc: BaseException) -> bool:
+    names = {"Timeout", "APITimeoutError", "ReadTimeout", "ServerTimeoutError"}
+    return any(
+        type(e).__name__ in names or isinstance(e, asyncio.TimeoutError | TimeoutError | httpx.TimeoutException)
+        for e in walk_causes(exc)
+    )
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    names = {"APIConnectionError", "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError"}
+    return any(
+        isinstance(e, httpx.ConnectError | ConnectionError) or type(e).__name__ in names for e in walk_causes(exc)
+    )
+
+
+def is_cut_off(exc: BaseException) -> bool:
+    """The connection broke while a response body was being read (reset, incomplete chunked body)."""
+    return any(
+        (isinstance(e, httpx.TransportError) and not isinstance(e, httpx.TimeoutException))
+        or type(e).__name__ in ("ClientPayloadError", "ServerDisconnectedError")
+        for e in walk_causes(exc)
+    )
+
+
+def request_not_sent(exc: BaseException) -> bool:
+    """Writing the request failed: a pooled keep-alive connection that the upstream closed just as it was
+    reused (a busy event loop widens that window). The upstream received no complete request."""
+    return any(
+        isinstance(e, httpx.WriteError) or type(e).__name__ == "ClientConnectionResetError" for e in walk_causes(exc)
+    )
+
+
+def _answered_with_an_error_status(exc: BaseException) -> bool:
+    """Some exception in the chain comes from a real HTTP error response (the OpenAI SDK's own
+    ``APIStatusError``, httpx's ``HTTPStatusError``), not from LiteLLM failing to read a successful one.
+    (LiteLLM's classes subclass the SDK's: only the SDK's module counts.)"""
+    return any(
+        isinstance(e, httpx.HTTPStatusError)
+        or (type(e).__module__.split(".")[0] == "openai" and "APIStatusError" in _class_names(e))
+        for e in walk_causes(exc)
+    )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _upstream_fields(exc: BaseException) -> tuple[str, str | None, str | None, str | None]:
+    """The upstream's own error message, type, code and param, from whichever exception in the chain still
+    holds its JSON body (LiteLLM's context-window and 503 classes keep only the message)."""
+    for e in walk_causes(exc):
+        body = getattr(e, "body", None)
+        err = body.get("error", body) if isinstance(body, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"], _text(err.get("type")), _text(err.get("code")), _text(err.get("param"))
+    message = str(getattr(exc, "message", None) or exc)
+    # LiteLLM prefixes messages with its class and provider: "litellm.BadRequestError: OpenAIException - ...".
+    if " - " in message and message.startswith("litellm."):
+        message = message.split(" - ", 1)[1]
+    return message, None, None, None
+
+
+def redact_upstream_message(message: str, credentials: Iterable[str] = ()) -> str:
+    """The one redaction of upstream text (error messages, mid-stream error events). Providers echo the
+    credential they were sent, whole or in part ("Incorrect API key provided: sk-upstr**********6789"); it
+    must reach neither the client nor the log. Masks the call's credentials, the environment's, partial
+    echoes of either, and anything shaped like a key."""
+    return redact_credentials(message, credentials)
+
+
+# --- translation -------------------------------------------------------------------------------------------
+
+
+def translate_exception(
+    exc: BaseException, timeout: float | None = None, credentials: Iterable[str] = (), upstream: str = DEFAULT_UPSTREAM
+) -> ProxyError:
+    """``upstream`` names the provider in the errors the proxy words itself (see ``describe_upstream``)."""
+    if isinstance(exc, ProxyError):
+        return exc
+    status = getattr(exc, "status_code", None)
+    if is_timeout(exc) or status == 408:
+        limit = f" within {timeout:g} s" if timeout else ""
+        return UpstreamTimeoutError(f"{_capital(upstream)} did not respond{limit}.")
+    has_response = getattr(exc, "response", None) is not None and getattr(exc, "body", None) is not None
+    if not has_response and _is_connection_failure(exc):
+        return UpstreamConnectionError(f"Could not connect to {upstream}.")
+    if status == 500 and not _answered_with_an_error_status(exc):
+        return UpstreamError(
+            f"{_capital(upstream)} sent a malformed response: not a chat completion that could be read.",
+            status=502,
+            code="upstream_bad_response",
+        )
+    # Every field the provider wrote reaches the client: each is redacted, not only the message.
+    message, kind, code, param = (
+        redact_upstream_message(field, credentials) if field is not None else None for field in _upstream_fields(exc)
+    )
+    message = message or "The upstream provider reported an error."
+    if isinstance(status, int) and 400 <= status < 600:
+        too_long = any("ContextWindowExceededError" in _class_names(e) for e in walk_causes(exc))
+        kind_of_error = UpstreamContextLengthError if too_long else UpstreamError
+        return kind_of_error(message, status=status, type=kind or "upstream_error", code=code, param=param)
+    return UpstreamError(f"Upstream call failed: {message}", status=502)
+
+
+@contextmanager
+def map_litellm_exceptions(
+    timeout: float | None = None, credentials: Iterable[str] = (), upstream: str = DEFAULT_UPSTREAM
+) -> Iterator[None]:
+    try:
+        yield
+    except (ProxyError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        translated = translate_exception(exc, timeout, credentials, upstream)
+        # Only the translated (redacted) message: the exception itself holds the provider's raw text.
+        log.info("upstream error %s: %s", translated.status, translated.message)
+        raise translated from exc

@@ -1,0 +1,160 @@
+"""The answer the proxy relayed is stored before the response ends, and the client's own version wins when it comes back.
+
+Through the real proxy and the fake upstream over loopback: after a streamed or plain reply the conversation
+ends with that answer (``export`` has it); a client that sends it back unchanged, changed, or not at all
+(regenerate) never forks the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+
+from proxy.errors import ProxyError, UpstreamError
+from proxy.wire.routes import Answer, _relay
+from tests.conftest import RunningProxy
+from tests.fakes import FakeUpstream, Reply
+
+
+def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    body = {"model": "test-model", "messages": messages, **extra}
+    return httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
+
+
+def stored(proxy: RunningProxy, conversation: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{proxy.url}/lcm/conversations/{conversation}/messages", timeout=30)
+    assert response.status_code == 200, response.text
+    return [item["message"] for item in response.json()["data"]]
+
+
+def conversations(proxy: RunningProxy) -> list[dict[str, Any]]:
+    response = httpx.get(f"{proxy.url}/lcm/conversations", timeout=30)
+    assert response.status_code == 200, response.text
+    return list(response.json()["data"])
+
+
+def test_a_streamed_answer_is_stored_without_the_client_sending_it_back(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.enqueue(Reply(content="The capital is Lisbon, on the Tagus."))
+    sdk = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "What is the capital of Portugal?"}]
+    with sdk.chat.completions.with_streaming_response.create(model="test-model", messages=messages, stream=True) as raw:
+        conversation = raw.headers["x-lcm-conversation-id"]
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert text == "The capital is Lisbon, on the Tagus."
+    assert len(stored(proxy, conversation)) == 2
+    assert stored(proxy, conversation)[-1] == {"role": "assistant", "content": text}
+
+
+def test_a_plain_answer_then_the_clients_identical_copy_appends_without_a_fork(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.enqueue(Reply(content="First answer."))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
+    first = chat(proxy, messages)
+    conversation = first.headers["x-lcm-conversation-id"]
+    assert len(stored(proxy, conversation)) == 2
+    # What the SDK hands back, re-sent as the client's history (refusal: null and all).
+    messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
+    second = chat(proxy, messages)
+    assert second.headers["x-lcm-conversation-id"] == conversation
+    assert len(stored(proxy, conversation)) == 4
+    assert [m["role"] for m in stored(proxy, conversation)] == ["user", "assistant", "user", "assistant"]
+    assert len(conversations(proxy)) == 1
+
+
+def test_the_clients_own_version_of_the_answer_replaces_the_relayed_one_in_place(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.enqueue(Reply(content="  Relayed answer with spaces.  \n"))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+    first = chat(proxy, messages)
+    conversation = first.headers["x-lcm-conversation-id"]
+    assert len(stored(proxy, conversation)) == 2
+    # The client trims the answer before keeping it (many UIs do), then goes on.
+    messages += [{"role": "assistant", "content": "Relayed answer with spaces."}, {"role": "user", "content": "next"}]
+    second = chat(proxy, messages)
+    assert second.headers["x-lcm-conversation-id"] == conversation
+    assert len(stored(proxy, conversation)) == 4
+    history = stored(proxy, conversation)
+    assert history[1] == {"role": "assistant", "content": "Relayed answer with spaces."}
+    assert history[2] == {"role": "user", "content": "next"}
+    assert len(conversations(proxy)) == 1  # replaced, not forked
+
+
+def test_a_regenerate_replaces_the_relayed_answer(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.enqueue(Reply(content="Draft one."), Reply(content="Draft two."))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "write a line"}]
+    conversation = chat(proxy, messages).headers["x-lcm-conversation-id"]
+    assert len(stored(proxy, conversation)) == 2
+    again = chat(proxy, messages)  # the same transcript without the answer: regenerate
+    assert again.headers["x-lcm-conversation-id"] == conversation
+    assert stored(proxy, conversation)[-1].get("content") == "Draft two."
+    assert len(stored(proxy, conversation)) == 2
+    assert len(conversations(proxy)) == 1
+
+
+def test_an_answer_with_tool_calls_is_stored_and_the_tool_results_follow_it(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}
+    fake_upstream.enqueue(Reply(content=None, tool_calls=[call]), Reply(content="It is noon."))
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "what time is it?"}]
+    with httpx.stream(
+        "POST",
+        f"{proxy.base_url}/chat/completions",
+        json={"model": "test-model", "messages": messages, "tools": tools, "stream": True},
+        timeout=30,
+    ) as response:
+        conversation = response.headers["x-lcm-conversation-id"]
+        response.read()
+    assert len(stored(proxy, conversation)) == 2
+    assert stored(proxy, conversation)[1] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    assert chat(proxy, messages, tools=tools).headers["x-lcm-conversation-id"] == conversation
+    assert len(stored(proxy, conversation)) == 4
+    assert len(conversations(proxy)) == 1
+
+
+async def _chunks(*events: dict[str, Any], error: ProxyError | None = None) -> AsyncIterator[dict[str, Any]]:
+    for event in events:
+        yield event
+    if error is not None:
+        raise error
+
+
+def _delta(text: str, finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+
+async def _collect(stream: AsyncIterator[bytes]) -> list[bytes]:
+    return [b async for b in stream]
+
+
+def test_only_a_stream_that_reached_its_finish_is_kept_as_the_answer() -> None:
+    complete, cut = Answer(), Answer()
+    sent = asyncio.run(_collect(_relay(_chunks(_delta("Hel"), _delta("lo", "stop")), answer=complete)))
+    assert sent[-1] == b"data: [DONE]\n\n"
+    assert complete.message == {"role": "assistant", "content": "Hello"}
+    broken = _chunks(_delta("Hel"), error=UpstreamError("cut", code="upstream_stream_truncated"))
+    sent = asyncio.run(_collect(_relay(broken, answer=cut)))
+    assert b"upstream_stream_truncated" in sent[-1]
+    assert cut.message is None
+
+
+def test_several_choices_are_not_one_answer() -> None:
+    answer = Answer()
+    message = {"role": "assistant", "content": "x"}
+    asyncio.run(answer.keep_result({"choices": [{"index": 0, "message": message}, {"index": 1, "message": message}]}))
+    assert answer.message is None
+    asyncio.run(answer.keep_result({"choices": [{"index": 0, "message": message}]}))
+    assert answer.message == message
