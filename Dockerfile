@@ -22,7 +22,7 @@ RUN groupadd --system --gid 10001 lcm \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-RUN pip install . \
+RUN pip install '.[postgres]' \
  && cd / && rm -rf /src
 
 COPY config/proxy.yaml /etc/lcm-proxy/proxy.yaml

@@ -24,20 +24,20 @@ from starlette.routing import Route
 from proxy.config import ProxyConfig, load_config
 from proxy.engine.admin import AdminViews
 from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.errors import EngineError
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text, token_margin
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
 from proxy.routing import ModelRouter, ResolvedModel, effective_window, upstream_of
-from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.base import Blobs, Store
 from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
 from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
-from proxy.wire.http import error_response
+from proxy.wire.http import error_response, reported_error
 from proxy.wire.shutdown import AnswerOnShutdown
 
 log = logging.getLogger("lcm_proxy")
@@ -57,8 +57,8 @@ class AppState:
     auth: Authenticator
     started_at: int = field(default_factory=lambda: int(time.time()))
     upstream: Upstream = field(init=False)
-    store: SQLiteStore = field(init=False)
-    files: FileStore = field(init=False)
+    store: Store = field(init=False)
+    files: Blobs = field(init=False)
     engine: ContextEngine = field(init=False)
     recall: RecallTools = field(init=False)
     admin: AdminViews = field(init=False)
@@ -153,18 +153,19 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        data_dir = ensure_private_dir(config.general_settings.resolved_data_dir())
+        location = config.general_settings.location()
+        if location.kind == "sqlite":
+            ensure_private_dir(location.data_dir)
         state.upstream = Upstream(config.general_settings)
-        state.store = SQLiteStore(data_dir)
+        state.store, state.files = location.stores()
         await state.store.open()
-        state.files = FileStore(data_dir)
         state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
         state.recall = RecallTools(state.store, state.files)
         state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
-        log.info("data directory: %s", data_dir)
+        log.info("conversations: %s (%s)", location.describe(), location.kind)
         log.info(
             "authentication: %s",
             f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
@@ -193,7 +194,12 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             Route("/healthz", routes.healthz, methods=["GET"]),
             *ADMIN_ROUTES,
         ],
-        exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
+        exception_handlers={
+            HTTPException: _http_exception,
+            ProxyError: reported_error,
+            EngineError: reported_error,
+            Exception: _internal_error,
+        },
         middleware=[Middleware(AnswerOnShutdown)],
         lifespan=lifespan,
     )

@@ -19,6 +19,7 @@ from proxy import __version__
 from proxy.config import Needed, ProxyConfig, load_config
 from proxy.errors import ConfigError
 from proxy.logs import configure_serving_logs
+from proxy.store import Location, is_postgres_url
 
 DEFAULT_CONFIG = "config/proxy.yaml"
 log = logging.getLogger("lcm_proxy")
@@ -69,7 +70,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
     print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
-    print(f"  data:    {settings.resolved_data_dir()}")
+    print(f"  data:    {settings.location().describe()}")
     for line in model_report(config):
         print(line)
     for warning in config.warnings:
@@ -99,19 +100,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(config, str(Path(args.config).resolve()), host, port, args.workers)
 
 
-def _operator_setup(args: argparse.Namespace) -> tuple[Path, ProxyConfig | None] | None:
-    """The data directory, and for ``compact`` the config. ``--data-dir`` needs no config at all; from a
-    config only what the command uses must resolve (no upstream key just to read the database)."""
+def _operator_setup(args: argparse.Namespace) -> tuple[Location, ProxyConfig | None] | None:
+    """Where the conversations are, and for ``compact`` the config. ``--data-dir`` or ``--database-url`` need
+    no config at all; from a config only what the command uses must resolve (no upstream key just to read
+    the database)."""
     compact = args.command == "compact"
     config = None
-    if compact or not args.data_dir:
+    given = args.data_dir or args.database_url
+    if compact or not given:
         config = _load(args.config, _compact_keys if compact else _store_keys)
         if config is None:
             return None
-    if args.data_dir:
-        return Path(args.data_dir).expanduser(), config
+    if given:
+        if args.database_url and not is_postgres_url(args.database_url):
+            print("lcm-proxy: --database-url: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE", file=sys.stderr)
+            return None
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else Path(".")
+        return Location(data_dir, args.database_url or None), config
     assert config is not None
-    return config.general_settings.resolved_data_dir(), config
+    return config.general_settings.location(), config
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -143,22 +150,51 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import asyncio
 
     from proxy.doctor import run_doctor
-    from proxy.store.sqlite import DB_NAME
 
-    data_dir = setup[0]
-    if not (data_dir / DB_NAME).exists():
-        print(f"lcm-proxy: no database at {data_dir / DB_NAME}", file=sys.stderr)
+    location = setup[0]
+    if not location.exists():
+        print(f"lcm-proxy: no database at {location.describe()}", file=sys.stderr)
         return 1
     if getattr(args, "repair", False):
         from proxy.doctor import run_repair
 
-        for line in asyncio.run(run_repair(data_dir)):
+        for line in asyncio.run(run_repair(location)):
             print(f"repaired: {line}")
-    problems = asyncio.run(run_doctor(data_dir))  # what remains: the exit status is 1 if anything does
+    problems = asyncio.run(run_doctor(location))  # what remains: the exit status is 1 if anything does
     for problem in problems:
         print(f"problem: {problem}")
-    print(f"{data_dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    where = location.data_dir if location.kind == "sqlite" else location.describe()
+    print(f"{where}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy the SQLite store (``--data-dir``, else the config's) into the PostgreSQL database ``--to``."""
+    if not is_postgres_url(args.to):
+        print("lcm-proxy migrate: --to: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE", file=sys.stderr)
+        return 2
+    setup = _operator_setup(args)
+    if setup is None:
+        return 1
+    location = setup[0]
+    if location.kind != "sqlite":
+        print(
+            f"lcm-proxy migrate: the store is already PostgreSQL ({location.describe()}); migrate copies an SQLite"
+            " store: name its data directory with --data-dir DIR",
+            file=sys.stderr,
+        )
+        return 1
+    if not location.exists():
+        print(f"lcm-proxy migrate: no database at {location.describe()}", file=sys.stderr)
+        return 1
+    try:
+        from proxy.migrate import run_migrate
+    except ImportError as error:
+        if error.name not in ("psycopg", "psycopg_pool"):
+            raise
+        print("lcm-proxy migrate: the PostgreSQL driver is missing: pip install 'lcm-proxy[postgres]'", file=sys.stderr)
+        return 1
+    return run_migrate(location.data_dir, args.to, batch_rows=args.batch_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,8 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     def add_store(p: argparse.ArgumentParser) -> None:
         add_config(p)
         p.add_argument(
-            "--data-dir", metavar="DIR",
+            "--data-dir",
+            metavar="DIR",
             help="the proxy's data directory; no config is read then (compact still reads it for its model)",
+        )
+        p.add_argument(
+            "--database-url", metavar="URL",
+            help="a PostgreSQL store (postgresql://...) instead of the config's; no config is read then",
         )  # fmt: skip
 
     serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
@@ -257,6 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
         " still be writing are left alone)",
     )  # fmt: skip
     doctor.set_defaults(func=cmd_doctor)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="copy an SQLite store into PostgreSQL (resumable)",
+        description="Copy an SQLite store into PostgreSQL, ids kept. Stop the proxy first. An interrupted run"
+        " resumes when the same command runs again; rows already in the target are compared, never overwritten."
+        " Exit 1 if the counts differ or a payload could not be copied.",
+    )  # fmt: skip
+    add_config(migrate)
+    migrate.add_argument("--data-dir", metavar="DIR", help="the SQLite store's data directory (default: the config's)")
+    migrate.add_argument("--to", required=True, metavar="URL", help="the target: postgresql://USER:PASSWORD@HOST/DB")
+    migrate.add_argument(
+        "--batch-size", type=_at_least_one, default=500, metavar="N", help="rows per transaction (default: 500)"
+    )
+    migrate.set_defaults(func=cmd_migrate, database_url=None)
     return parser
 
 

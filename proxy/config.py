@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from proxy.config_compat import adapt_litellm_config, map_general_settings, model_key_warnings, unused_environment
 from proxy.errors import ConfigError
+from proxy.store import Location
 
 ENV_PREFIX = "os.environ/"
 LOOPBACK_HOST = "127.0.0.1"
@@ -91,6 +92,9 @@ class GeneralSettings(_Strict):
     port: int = Field(default=4000, ge=0, le=65535)
     api_keys: list[ApiKey] = []
     data_dir: Path | None = None
+    # postgresql://... (LiteLLM proxy's key; sqlite:///DIR is read as data_dir): conversations in PostgreSQL,
+    # shared by every replica. None: SQLite under data_dir.
+    database_url: str | None = None
     # Seconds for one upstream call (LiteLLM's own default is 6000 s, far too long for a proxy).
     request_timeout: float = Field(default=600.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
@@ -126,6 +130,9 @@ class GeneralSettings(_Strict):
         if self.host is not None:
             return self.host
         return "0.0.0.0" if self.api_keys else LOOPBACK_HOST
+
+    def location(self) -> Location:
+        return Location(self.resolved_data_dir(), self.database_url)
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir is not None:

@@ -25,6 +25,7 @@ from proxy.litellm_keys import (
     MODEL_INFO_KEYS,
     NOT_A_TYPO,
 )
+from proxy.store import is_postgres_url
 
 IGNORED = "a LiteLLM proxy setting that lcm-proxy does not use"
 MASTER_TENANT = "master"
@@ -95,7 +96,9 @@ def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str
                 if master not in listed:
                     general["api_keys"] = [*keys, {"key": master, "tenant": MASTER_TENANT}]
     url = general.pop("database_url", None)
-    if url is not None:
+    if isinstance(url, str) and is_postgres_url(url):
+        general["database_url"] = _postgres_url(url, errors)
+    elif url is not None:
         data_dir = _data_dir_from_url(url, errors)
         if data_dir is not None:
             if general.get("data_dir") is not None and Path(str(general["data_dir"])) != data_dir:
@@ -104,23 +107,28 @@ def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str
     return general
 
 
+def _postgres_url(url: str, errors: list[str]) -> str | None:
+    """``postgresql://...`` as libpq takes it: SQLAlchemy's ``postgresql+driver://`` loses its driver."""
+    scheme, _, rest = url.partition("://")
+    if not rest:
+        errors.append("general_settings.database_url: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+        return None
+    return f"postgresql://{rest}" if "+" in scheme else url
+
+
 def _data_dir_from_url(url: Any, errors: list[str]) -> Path | None:
-    """``sqlite:///DIR`` (or the directory of ``sqlite:///DIR/NAME.db``). PostgreSQL is refused rather than
-    ignored: conversations written to SQLite now would be missing once a release reads that URL."""
+    """``sqlite:///DIR`` (or the directory of ``sqlite:///DIR/NAME.db``)."""
     where = "general_settings.database_url"
     if not isinstance(url, str):
         errors.append(f"{where}: expected a string")
         return None
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
-    if scheme in ("postgres", "postgresql") or scheme.startswith("postgresql+"):
-        errors.append(
-            f"{where}: PostgreSQL is not supported yet (it comes in a later release); remove database_url to"
-            " keep conversations in SQLite under general_settings.data_dir, or give sqlite:///DIRECTORY"
-        )
-        return None
     if scheme != "sqlite" or not rest.startswith("/") or rest == "/":
-        errors.append(f"{where}: expected sqlite:///DIRECTORY (lcm-proxy keeps a SQLite database there)")
+        errors.append(
+            f"{where}: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or sqlite:///DIRECTORY"
+            " (lcm-proxy keeps a SQLite database there)"
+        )
         return None
     path = Path(rest[1:]).expanduser()  # sqlite:///relative, sqlite:////absolute (SQLAlchemy's form)
     return path.parent if path.suffix in DB_FILE_SUFFIXES else path

@@ -14,8 +14,6 @@ mid-request (partial pending files, stored files that no row names) are reported
 
 from __future__ import annotations
 
-import hashlib
-import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,14 +22,9 @@ from typing import Any
 import orjson
 
 from proxy.engine.intercept import SEGMENTS_KEY
-from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore, UnsafePathError
-from proxy.store.migrations import MIGRATIONS
-from proxy.store.sqlite import SQLiteStore
-
-
-async def _rows(store: SQLiteStore, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    async with store.search_conn.execute(sql, args) as cursor:
-        return list(await cursor.fetchall())
+from proxy.store import Location
+from proxy.store.base import Blobs, Store
+from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore
 
 
 def _segment_problem(segment: Any) -> str | None:
@@ -83,38 +76,17 @@ def _payload_refs(original: Any, paths: Any) -> tuple[list[str], list[str]]:
     return refs, problems
 
 
-async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes: bool = True) -> list[str]:
-    problems: list[str] = []
-    if (await _rows(store, "PRAGMA integrity_check"))[0][0] != "ok":
-        problems.append("SQLite integrity_check failed")
-    for row in await _rows(store, "PRAGMA foreign_key_check"):
-        problems.append(f"foreign key violation in {row[0]} (rowid {row[1]}) -> {row[2]}")
-    applied = {r[0] for r in await _rows(store, "SELECT name FROM _migrations")}
-    for name, _ in MIGRATIONS:
-        if name not in applied:
-            problems.append(f"migration {name} not applied")
-    for table in ("messages_fts", "summaries_fts"):
-        try:
-            await store.search_conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
-        except Exception as error:
-            problems.append(f"full-text index {table} is out of sync with its table ({error})")
-
+async def check_database(store: Store, files: Blobs, *, verify_hashes: bool = True) -> list[str]:
+    problems: list[str] = await store.integrity()
+    search = store.search
     for conversation in await store.read.conversations(None, limit=1_000_000):
         cid = conversation.id
-        seqs = [
-            r[0] for r in await _rows(store, "SELECT seq FROM messages WHERE conversation_id = ? ORDER BY seq", (cid,))
-        ]
+        seqs = await search.message_seqs(cid)
         if seqs != list(range(len(seqs))) or len(seqs) != conversation.message_count:
             problems.append(f"{cid}: messages are not contiguous 0..{conversation.message_count - 1}")
-        context = await _rows(
-            store,
-            "SELECT ci.summary_id, s.id FROM context_items ci LEFT JOIN summaries s ON s.id = ci.summary_id"
-            " WHERE ci.conversation_id = ? ORDER BY ci.ordinal",
-            (cid,),
-        )
         expected_start = 0
-        for item_id, found in context:
-            if found is None:
+        for item_id, found in await search.context_items(cid):
+            if not found:
                 problems.append(f"{cid}: context item {item_id} does not resolve to a summary")
                 continue
             summary = await store.read.summary(item_id)
@@ -130,44 +102,23 @@ async def check_database(store: SQLiteStore, files: FileStore, *, verify_hashes:
                 f"{cid}: summaries cover messages up to {expected_start} but the context says {conversation.summarized_upto}:"
                 " some messages are unreachable"
             )
-        for message_id, seq, original, paths in await _rows(
-            store,
-            "SELECT id, seq, original_json, payload_paths FROM messages"
-            " WHERE conversation_id = ? AND payload_paths IS NOT NULL",
-            (cid,),
-        ):
+        for message_id, seq, original, paths in await search.payload_messages(cid):
             where = f"{cid}: message {seq} (msg_{message_id})"
             refs, path_problems = _payload_refs(orjson.loads(original), orjson.loads(paths))
             problems += [f"{where}: {problem}" for problem in path_problems]
             for ref in refs:
-                if not await _rows(
-                    store, "SELECT 1 FROM files WHERE id = ? AND tenant = ?", (ref, conversation.tenant)
-                ):
+                if await store.read.file(conversation.tenant, ref) is None:
                     problems.append(f"{where} refers to missing file {ref}")
 
-    for file_id, path, sha in await _rows(store, "SELECT id, path, sha256 FROM files"):
-        try:
-            resolved = files.resolve(path)
-        except UnsafePathError as error:
-            problems.append(f"{file_id}: unsafe path {path!r} ({error})")
-            continue
-        if not resolved.is_file():
-            problems.append(f"{file_id}: file {path} is missing")
-            continue
-        mode = stat.S_IMODE(resolved.stat().st_mode)
-        if mode != 0o600:
-            problems.append(f"{file_id}: file {path} has mode {mode:o}, expected 600")
-        for folder in (resolved.parent, files.root):
-            folder_mode = stat.S_IMODE(folder.stat().st_mode)
-            if folder_mode != 0o700:
-                problems.append(f"{file_id}: folder {folder} has mode {folder_mode:o}, expected 700")
-        if verify_hashes and hashlib.sha256(resolved.read_bytes()).hexdigest() != sha:
-            problems.append(f"{file_id}: content of {path} does not match its sha256")
-    partial, unnamed = await leftover_files(store, files)
-    if partial:
-        problems.append(f"files: {_amount(partial)} partial file(s) left by interrupted writes (--repair deletes them)")
-    if unnamed:
-        problems.append(f"files: {_amount(unnamed)} stored file(s) that no row names (--repair deletes them)")
+    problems += await files.check(await search.all_files(), verify_hashes=verify_hashes)
+    if isinstance(files, FileStore):
+        partial, unnamed = await leftover_files(store, files)
+        if partial:
+            problems.append(
+                f"files: {_amount(partial)} partial file(s) left by interrupted writes (--repair deletes them)"
+            )
+        if unnamed:
+            problems.append(f"files: {_amount(unnamed)} stored file(s) that no row names (--repair deletes them)")
     return sorted(set(problems))
 
 
@@ -175,18 +126,18 @@ def _amount(found: Sequence[DiskFile]) -> str:
     return f"{len(found)} ({sum(f.bytes for f in found):,} bytes)"
 
 
-async def leftover_files(store: SQLiteStore, files: FileStore) -> tuple[list[DiskFile], list[DiskFile]]:
+async def leftover_files(store: Store, files: FileStore) -> tuple[list[DiskFile], list[DiskFile]]:
     """(partial files, stored files no row names) that no running request can still be writing: all of them
     when no process is writing payloads, else only those older than ``PENDING_MAX_AGE``."""
     with files.alone() as alone:
         cutoff = time.time() if alone else time.time() - PENDING_MAX_AGE
         partial = [f for f in files.partial_files() if alone or f.mtime < cutoff]
-        named = {str(r[0]) for r in await _rows(store, "SELECT path FROM files")}
+        named = {path for _, path, _ in await store.search.all_files()}
         unnamed = [f for f in files.stored_files() if f.relative not in named and (alone or f.mtime < cutoff)]
     return partial, unnamed
 
 
-async def repair_files(store: SQLiteStore, files: FileStore, batch: int = 200) -> list[str]:
+async def repair_files(store: Store, files: FileStore, batch: int = 200) -> list[str]:
     """Delete the leftovers ``leftover_files`` finds; one line per kind removed. A stored file is deleted only
     in a write transaction that finds no row naming it (rows and their files are published together)."""
     with files.alone() as alone:
@@ -205,19 +156,14 @@ async def repair_files(store: SQLiteStore, files: FileStore, batch: int = 200) -
     return lines
 
 
-async def _check_summary(store: SQLiteStore, cid: str, summary_id: str, seen: set[str]) -> list[str]:
+async def _check_summary(store: Store, cid: str, summary_id: str, seen: set[str]) -> list[str]:
     if summary_id in seen:
         return [f"{cid}: summary {summary_id} is part of a cycle"]
     seen.add(summary_id)
     summary = await store.read.summary(summary_id)
     if summary is None:
         return [f"{cid}: summary {summary_id} does not exist"]
-    sources = await _rows(
-        store,
-        "SELECT ss.message_id, ss.child_summary_id, m.seq FROM summary_sources ss LEFT JOIN messages m ON m.id = ss.message_id"
-        " WHERE ss.summary_id = ? ORDER BY ss.ordinal",
-        (summary_id,),
-    )
+    sources = await store.search.summary_sources(summary_id)
     problems: list[str] = []
     if summary.kind == "leaf":
         seqs = [seq for message_id, _, seq in sources if message_id is not None]
@@ -244,21 +190,26 @@ async def _check_summary(store: SQLiteStore, cid: str, summary_id: str, seen: se
     return problems
 
 
-async def run_doctor(data_dir: Path) -> list[str]:
-    store = SQLiteStore(data_dir)
+async def run_doctor(where: Path | Location) -> list[str]:
+    location = where if isinstance(where, Location) else Location(where)
+    store, files = location.stores()
     await store.open()
     try:
-        return await check_database(store, FileStore(data_dir))
+        return await check_database(store, files)
     finally:
         await store.close()
 
 
-async def run_repair(data_dir: Path) -> list[str]:
-    """``doctor --repair``: delete leftover files (``repair_files``); what was deleted, one line per kind."""
-    store = SQLiteStore(data_dir)
+async def run_repair(where: Path | Location) -> list[str]:
+    """``doctor --repair``: delete leftover files (``repair_files``); what was deleted, one line per kind.
+    Nothing to do for a store that keeps payloads in its database (they are written with their rows)."""
+    location = where if isinstance(where, Location) else Location(where)
+    store, files = location.stores()
+    if not isinstance(files, FileStore):
+        return []
     await store.open()
     try:
-        return await repair_files(store, FileStore(data_dir))
+        return await repair_files(store, files)
     finally:
         await store.close()
 

@@ -2,8 +2,9 @@
 
 Every error a client can see is a ``ProxyError``; the wire layer turns it into OpenAI's error JSON
 (``{"error": {"message", "type", "param", "code"}}``) with ``status`` as the HTTP status. Lower-layer
-errors (LiteLLM, SQLite, YAML) are translated into these at exactly one boundary each, so nothing else in
-the code base needs to know those libraries' exception types.
+errors are translated into these at exactly one boundary each, so nothing else in the code base needs to
+know their types: LiteLLM's in ``proxy.upstream_errors``, the engine's and the store's (``EngineError``,
+which knows nothing of HTTP) in ``proxy.wire.http.to_proxy_error``, YAML's in ``proxy.config``.
 
     ProxyError                       any error reported to a client
     ├── InternalError                500: a bug in the proxy; never retried by SDKs
@@ -81,7 +82,6 @@ class InvalidRequestError(ProxyError):
 
 class ContextLengthExceeded(InvalidRequestError):
     code = "context_length_exceeded"
-    conversation_id: str | None = None  # the stored conversation the refused request belongs to
 
 
 class AuthenticationError(ProxyError):
@@ -128,9 +128,6 @@ class StoreBusyError(ProxyError):
     type = "server_error"
     code = "store_busy"
     retry_after = 1  # seconds: the Retry-After header of the response
-
-    def __init__(self, message: str = "The database is busy (another process holds its write lock); retry.") -> None:
-        super().__init__(message)
 
 
 class UpstreamError(ProxyError):

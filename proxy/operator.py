@@ -20,12 +20,12 @@ import orjson
 
 from proxy.config import ProxyConfig
 from proxy.engine.admin import names_by_key
+from proxy.engine.errors import EngineError, InvalidArgument, NotFound
 from proxy.engine.ingest import export_conversation
-from proxy.engine.recall import RecallError, RecallTools
-from proxy.errors import ConfigError
-from proxy.store.files import FileStore, UnsafePathError
+from proxy.engine.recall import RecallTools
+from proxy.errors import ConfigError, ProxyError
+from proxy.store import Location
 from proxy.store.records import ConversationRecord, SummaryRecord
-from proxy.store.sqlite import DB_NAME, SQLiteStore
 
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -45,14 +45,13 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 class Operator:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.store = SQLiteStore(self.data_dir)
-        self.files = FileStore(self.data_dir)
+    def __init__(self, where: Path | Location) -> None:
+        self.location = where if isinstance(where, Location) else Location(where)
+        self.store, self.files = self.location.stores()
 
     async def __aenter__(self) -> Operator:
-        if not (self.data_dir / DB_NAME).exists():
-            raise FileNotFoundError(f"no database at {self.data_dir / DB_NAME} (has the proxy run yet?)")
+        if not self.location.exists():
+            raise NotFound(f"no database at {self.location.describe()} (has the proxy run yet?)")
         await self.store.open()
         return self
 
@@ -65,15 +64,15 @@ class Operator:
         if c is not None:
             return c.id
         if not names_by_key(name):
-            raise LookupError(f"no conversation {name}")
+            raise NotFound(f"no conversation {name}")
         if tenant is not None:
             by_key = [c] if (c := await self.store.read.conversation_by_key(tenant, name)) else []
         else:
             by_key = await self.store.read.conversations_by_key(name)
         if len(by_key) > 1:
-            raise LookupError(f"conversation key {name} is used by several tenants: pass --tenant")
+            raise InvalidArgument(f"conversation key {name} is used by several tenants: pass --tenant", param="tenant")
         if not by_key:
-            raise LookupError(f"no conversation {name}")
+            raise NotFound(f"no conversation {name}")
         return by_key[0].id
 
     async def conversations(self, tenant: str | None, limit: int) -> str:
@@ -87,7 +86,7 @@ class Operator:
     async def show(self, conversation_id: str, tenant: str | None) -> str:
         c = await self.store.read.conversation(tenant, conversation_id)
         if c is None:
-            raise LookupError(f"no conversation {conversation_id}")
+            raise NotFound(f"no conversation {conversation_id}")
         lines = [
             f"conversation {c.id}",
             f"  tenant:        {c.tenant}",
@@ -153,10 +152,10 @@ class Operator:
 
         c = await self.store.read.conversation(tenant, conversation_id)
         if c is None:
-            raise LookupError(f"no conversation {conversation_id}")
+            raise NotFound(f"no conversation {conversation_id}")
         alias = model or config.lcm_settings.summary_model or c.last_model
         if alias is None:
-            raise LookupError("no summary model: pass --model, or set lcm_settings.summary_model")
+            raise InvalidArgument("no summary model: pass --model, or set lcm_settings.summary_model", param="model")
         target = ModelRouter(config.model_list).resolve(alias)
         summarizer = UpstreamSummarizer(Upstream(config.general_settings), target, config.lcm_settings.summary_timeout)
         engine = ContextEngine(self.store, self.files, config.lcm_settings)
@@ -173,7 +172,7 @@ class Operator:
     async def grep(self, pattern: str, conversation_id: str, tenant: str | None, mode: str, limit: int) -> str:
         c = await self.store.read.conversation(tenant, conversation_id)
         if c is None:
-            raise LookupError(f"no conversation {conversation_id}")
+            raise NotFound(f"no conversation {conversation_id}")
         tools = RecallTools(self.store, self.files)
         scope = await tools.scope(c.tenant, c.id)
         return await tools.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})  # RecallError: exit 1
@@ -193,7 +192,7 @@ class Operator:
             conversation = await q.conversation(tenant, rows[0].conversation_id) if rows else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         if owner is None:
-            raise LookupError(f"no summary, file or message {item_id}")
+            raise NotFound(f"no summary, file or message {item_id}")
         tools = RecallTools(self.store, self.files)
         scope = await tools.scope(*owner)
         args = {"id": item_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
@@ -203,7 +202,7 @@ class Operator:
 
     async def export(self, conversation_id: str, tenant: str | None) -> list[Any]:
         if await self.store.read.conversation(tenant, conversation_id) is None:
-            raise LookupError(f"no conversation {conversation_id}")
+            raise NotFound(f"no conversation {conversation_id}")
         return await export_conversation(self.store, self.files, tenant, conversation_id)
 
 
@@ -215,8 +214,11 @@ def _write_all(data: bytes) -> None:
         view = view[sys.stdout.buffer.write(view) :]
 
 
-def run_operator(data_dir: Path, command: str, config: ProxyConfig | None = None, **kwargs: Any) -> int:
-    """Run one operator command on the database in ``data_dir``; ``config`` is needed by ``compact`` only."""
+def run_operator(data_dir: Path | Location, command: str, config: ProxyConfig | None = None, **kwargs: Any) -> int:
+    """Run one operator command on the database in ``data_dir``; ``config`` is needed by ``compact`` only.
+    Every error an operator can fix or should know of is one line on stderr and exit status 1: the engine's
+    (an unknown id, a bad pattern, a busy or damaged database), a model name the config does not know
+    (``ProxyError``), the config's and the file system's; anything else is a bug and keeps its traceback."""
 
     async def main() -> int:
         async with Operator(data_dir) as op:
@@ -233,7 +235,7 @@ def run_operator(data_dir: Path, command: str, config: ProxyConfig | None = None
                 print(await op.describe(kwargs["item_id"], tenant, kwargs.get("start_line"), kwargs.get("end_line")))
             elif command == "compact":
                 if config is None:
-                    raise LookupError("compact calls the summary model: it needs --config")
+                    raise InvalidArgument("compact calls the summary model: it needs --config", param="config")
                 print(await op.compact(conversation, tenant, kwargs.get("model"), config))
             elif command == "export":
                 data = await op.export(conversation, tenant)
@@ -243,15 +245,9 @@ def run_operator(data_dir: Path, command: str, config: ProxyConfig | None = None
 
     try:
         return asyncio.run(main())
-    except (LookupError, RecallError) as exc:
-        print(f"lcm-proxy: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 1
-    except ConfigError as exc:
-        print(f"lcm-proxy: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         raise  # the reader went away (``| head``): not an error of the database
-    except (OSError, UnsafePathError) as exc:
+    except (EngineError, ProxyError, ConfigError, OSError) as exc:
         print(f"lcm-proxy: {exc}", file=sys.stderr)
         return 1
 

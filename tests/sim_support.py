@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.engine import tokens
-from proxy.store.sqlite import SQLiteStore
 from tests.fakes import Reply
 
 SUMMARY_MARKERS = ("You compress part of a conversation", "You merge", "You describe documents")
@@ -70,31 +69,6 @@ def check_tool_pairing(messages: list[dict[str, Any]]) -> None:
         for call in message.get("tool_calls") or []:
             pending.add(call["id"])
     assert not pending, f"dangling tool calls {pending} at the end"
-
-
-async def unreachable_messages(store: SQLiteStore, conversation_id: str) -> set[int]:
-    """Stored messages of the conversation that the active context does not reach through the DAG."""
-    q = store.read
-    conversation = await q.conversation(None, conversation_id)
-    assert conversation is not None
-    rows = await q.messages(conversation_id)
-    reached: set[int] = {r.seq for r in rows if r.seq >= conversation.summarized_upto}
-    stack = [s.id for s in await q.context_summaries(conversation_id)]
-    while stack:
-        summary_id = stack.pop()
-        summary = await q.summary(summary_id)
-        assert summary is not None
-        async with store.search_conn.execute(
-            "SELECT m.seq, ss.child_summary_id FROM summary_sources ss LEFT JOIN messages m ON m.id = ss.message_id"
-            " WHERE ss.summary_id = ? ORDER BY ss.ordinal",
-            (summary_id,),
-        ) as cursor:
-            for seq, child in await cursor.fetchall():
-                if child:
-                    stack.append(child)
-                else:
-                    reached.add(seq)
-    return {r.seq for r in rows} - reached
 
 
 @dataclass

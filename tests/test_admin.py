@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import httpx
 import pytest
 
 from proxy.doctor import run_doctor
+from proxy.store import Location
+from tests.engine_support import execute, rows
 from tests.fakes import FakeUpstream
 from tests.sim_support import ScriptedModel
 from tests.test_compaction_e2e import long_history
@@ -24,7 +25,7 @@ BOB = {"authorization": "Bearer sk-bob-11111111"}
 KEYS = [{"key": "sk-alice-0000000", "tenant": "alice"}, {"key": "sk-bob-11111111", "tenant": "bob"}]
 
 
-def start(proxy_factory: Any, upstream_url: str) -> Any:
+def start(proxy_factory: Any, upstream_url: str, where: Location) -> Any:
     model = {
         "model_name": "small",
         "litellm_params": {"model": "openai/small", "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"},
@@ -37,12 +38,14 @@ def start(proxy_factory: Any, upstream_url: str) -> Any:
         "large_file_token_threshold": 2500,
         "tool_result_token_threshold": 300,
     }
-    return proxy_factory(lcm=lcm, models=[model], api_keys=KEYS)
+    return proxy_factory(lcm=lcm, models=[model], api_keys=KEYS, where=where)
 
 
-def test_admin_api_is_tenant_scoped(proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream) -> None:
+def test_admin_api_is_tenant_scoped(
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(proxy_factory, upstream_url, where)
     history = long_history(60)
     history[1] = {"role": "user", "content": "Alice's private note: the vault PIN is 8812. " + history[1]["content"]}
     document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
@@ -132,10 +135,10 @@ def cli(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_grep_describe_doctor(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, tmp_path: Path
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(proxy_factory, upstream_url, where)
     history = long_history(60)
     history[1] = {"role": "user", "content": "Remember the harbour code NAUTILUS-9. " + history[1]["content"]}
     response = httpx.post(
@@ -145,10 +148,12 @@ def test_cli_grep_describe_doctor(
         timeout=60,
     )
     conversation = response.headers["x-lcm-conversation-id"]
-    data_dir = Path(str(proxy.config.general_settings.data_dir))
+    location = proxy.config.general_settings.location()
     config = tmp_path / "cli.yaml"
+    database = f", database_url: '{location.database_url}'" if location.database_url else ""
     config.write_text(
-        f"model_list: [{{model_name: small, litellm_params: {{model: openai/small}}}}]\ngeneral_settings: {{data_dir: '{data_dir}'}}\n"
+        "model_list: [{model_name: small, litellm_params: {model: openai/small}}]\n"
+        f"general_settings: {{data_dir: '{location.data_dir}'{database}}}\n"
     )
 
     grep = cli("grep", "NAUTILUS", "--conversation", conversation, config=config)
@@ -158,7 +163,7 @@ def test_cli_grep_describe_doctor(
     msg_id = next(word for word in grep.stdout.split() if word.startswith("msg_"))
     described = cli("describe", msg_id, config=config)
     assert described.returncode == 0 and "Remember the harbour code NAUTILUS-9." in described.stdout
-    summary_id = asyncio.run(_first_summary(data_dir, conversation))
+    summary_id = asyncio.run(_first_summary(location, conversation))
     described = cli("describe", summary_id, config=config)
     assert described.returncode == 0 and f"Summary {summary_id}" in described.stdout
     assert cli("describe", summary_id, "--tenant", "bob", config=config).returncode == 1
@@ -166,32 +171,28 @@ def test_cli_grep_describe_doctor(
     healthy = cli("doctor", config=config)
     assert healthy.returncode == 0 and healthy.stdout.strip().endswith("OK")
 
-    # Break a summary link and delete a stored file: doctor must say what is wrong and exit 1.
-    with sqlite3.connect(data_dir / "lcm.sqlite3") as db:
-        db.execute("PRAGMA foreign_keys=OFF")
-        db.execute("DELETE FROM summary_sources WHERE summary_id = ? AND ordinal = 0", (summary_id,))
+    # Break a summary link: doctor must say what is wrong and exit 1.
+    unlink = "DELETE FROM summary_sources WHERE summary_id = ? AND ordinal = 0"
+    asyncio.run(change(location, [(unlink, (summary_id,))]))
     broken = cli("doctor", config=config)
     assert broken.returncode == 1
     assert f"{summary_id}" in broken.stdout and "problem(s)" in broken.stdout
-    problems = asyncio.run(run_doctor(data_dir))
+    problems = asyncio.run(run_doctor(location))
     assert any(summary_id in p for p in problems)
     # Repair the link (the fixture runs doctor on every database at teardown), and doctor is happy again.
-    with sqlite3.connect(data_dir / "lcm.sqlite3") as db:
-        first = db.execute(
-            "SELECT m.id FROM messages m JOIN summaries s ON s.conversation_id = m.conversation_id AND m.seq = s.start_seq WHERE s.id = ?",
-            (summary_id,),
-        ).fetchone()
-        db.execute(
-            "INSERT INTO summary_sources (summary_id, ordinal, message_id) VALUES (?, 0, ?)", (summary_id, first[0])
-        )
-    assert asyncio.run(run_doctor(data_dir)) == []
+    relink = (
+        "INSERT INTO summary_sources (summary_id, ordinal, message_id) SELECT s.id, 0, m.id FROM messages m"
+        " JOIN summaries s ON s.conversation_id = m.conversation_id AND m.seq = s.start_seq WHERE s.id = ?"
+    )
+    asyncio.run(change(location, [(relink, (summary_id,))]))
+    assert asyncio.run(run_doctor(location)) == []
 
 
 def test_doctor_reports_a_deleted_file(
-    tmp_path: Path, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(proxy_factory, upstream_url, where)
     document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
     httpx.post(
         f"{proxy.base_url}/chat/completions",
@@ -199,30 +200,49 @@ def test_doctor_reports_a_deleted_file(
         headers=ALICE,
         timeout=60,
     )
-    data_dir = Path(str(proxy.config.general_settings.data_dir))
-    stored = [p for p in (data_dir / "files").rglob("*") if p.is_file()]
-    assert len(stored) == 1
-    content = stored[0].read_bytes()
-    stored[0].unlink()
-    problems = asyncio.run(run_doctor(data_dir))
+    location = proxy.config.general_settings.location()
+    if location.kind == "sqlite":
+        stored = [p for p in (location.data_dir / "files").rglob("*") if p.is_file()]
+        assert len(stored) == 1
+        content = stored[0].read_bytes()
+        stored[0].unlink()
+    else:  # PostgreSQL keeps the content in lcm.blobs
+        ((path, content),) = asyncio.run(change(location, [("DELETE FROM blobs RETURNING path, content", ())]))
+    problems = asyncio.run(run_doctor(location))
     assert any("is missing" in p for p in problems)
-    stored[0].write_bytes(content)  # put it back (0600) so the fixture's doctor check passes
-    os.chmod(stored[0], 0o600)
-    assert asyncio.run(run_doctor(data_dir)) == []
+    # Put it back (0600) so the fixture's doctor check passes.
+    if location.kind == "sqlite":
+        stored[0].write_bytes(content)
+        os.chmod(stored[0], 0o600)
+    else:
+        asyncio.run(change(location, [("INSERT INTO blobs (path, content) VALUES (?, ?)", (path, content))]))
+    assert asyncio.run(run_doctor(location)) == []
 
 
-async def _first_summary(data_dir: Path, conversation: str) -> str:
-    from proxy.store.sqlite import SQLiteStore
-
-    store = SQLiteStore(data_dir)
+async def _first_summary(location: Location, conversation: str) -> str:
+    store, _ = location.stores()
     await store.open()
     try:
-        async with store.search_conn.execute(
-            "SELECT id FROM summaries WHERE conversation_id = ? AND kind = 'leaf' ORDER BY pk LIMIT 1", (conversation,)
-        ) as cursor:
-            row = await cursor.fetchone()
-        assert row is not None
-        return str(row[0])
+        found = await rows(
+            store,
+            "SELECT id FROM summaries WHERE conversation_id = ? AND kind = 'leaf' ORDER BY pk LIMIT 1",
+            (conversation,),
+        )
+        assert found
+        return str(found[0][0])
+    finally:
+        await store.close()
+
+
+async def change(location: Location, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    """Run ``statements`` on the database behind the running proxy's back, committed; rows the last returns."""
+    store, _ = location.stores()
+    await store.open()
+    try:
+        returned: list[Any] = []
+        for sql, args in statements:
+            returned = await execute(store, sql, args)
+        return returned
     finally:
         await store.close()
 
@@ -236,12 +256,12 @@ def test_integer_query_values_are_ascii_digits_in_range(proxy: Any, value: str) 
 
 
 def test_a_conversation_is_found_by_its_clients_own_key_within_the_tenant(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     """The key a client sends in X-LCM-Conversation-Id names its conversation wherever an id is accepted,
     within the caller's tenant only."""
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(proxy_factory, upstream_url, where)
     document = "".join(f"entry {i}: alpha beta gamma\n" for i in range(3000))
     ids = {}
     with httpx.Client(base_url=proxy.url, timeout=60) as client:

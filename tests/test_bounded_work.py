@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import os
 import threading
 import time
@@ -31,12 +32,14 @@ from proxy.engine.engine import ContextEngine
 from proxy.engine.explore import ExplorationBudget
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.summarize import Guard
+from proxy.store import Location
 from proxy.store.files import PENDING, FileStore
+from proxy.store.postgres_writes import PostgresWrites
 from proxy.store.sqlite import SQLiteStore, WriteTransaction
 from proxy.wire.http import PARSE_ON_LOOP_BYTES, parse_json_in_steps
 from proxy.wire.validation import MAX_CONTENT_PARTS
 from tests.conftest import make_config
-from tests.engine_support import ScriptedSummarizer, open_engine, row_count, run, user
+from tests.engine_support import ScriptedSummarizer, open_engine, row_count, rows, run, user
 from tests.fakes import FakeUpstream
 from tests.servers import serve_in_thread
 
@@ -66,17 +69,25 @@ def pending_files(data_dir: Path) -> list[Path]:
     return [p for p in folder.iterdir()] if folder.exists() else []
 
 
-async def file_rows(store: SQLiteStore) -> list[tuple[str, str, str, str]]:
-    async with store.search_conn.execute("SELECT id, tenant, sha256, path FROM files ORDER BY id") as cursor:
-        return [(r[0], r[1], r[2], r[3]) for r in await cursor.fetchall()]
+async def file_rows(store: Any) -> list[tuple[str, str, str, str]]:
+    return [
+        (r[0], r[1], r[2], r[3]) for r in await rows(store, "SELECT id, tenant, sha256, path FROM files ORDER BY id")
+    ]
+
+
+async def stored_payloads(where: Location, store: Any) -> set[str]:
+    """Paths of the published payloads: files on disk beside SQLite, rows of ``lcm.blobs`` in PostgreSQL."""
+    if where.kind == "sqlite":
+        return stored_files(where.data_dir)
+    return {r[0] for r in await rows(store, "SELECT path FROM blobs")}
 
 
 # --- A. exploration per request ------------------------------------------------------------------------
 
 
-def test_three_hundred_file_blocks_make_at_most_a_few_summary_calls(tmp_path: Path) -> None:
+def test_three_hundred_file_blocks_make_at_most_a_few_summary_calls(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path, large=100) as (ingestor, store, _files):
+        async with open_engine(where, large=100) as (ingestor, store, _files):
             summarizer = ScriptedSummarizer("Minutes of a committee meeting.")
             result = await ingestor.ingest("t", [user(blocks(300))], summarizer=summarizer)
             assert summarizer.calls == 4
@@ -91,14 +102,13 @@ def test_three_hundred_file_blocks_make_at_most_a_few_summary_calls(tmp_path: Pa
     run(scenario())
 
 
-def test_exploration_calls_are_charged_to_the_hourly_cap(tmp_path: Path) -> None:
+def test_exploration_calls_are_charged_to_the_hourly_cap(where: Location) -> None:
     async def scenario() -> None:
         settings = LcmSettings(
             large_file_token_threshold=100, tool_result_token_threshold=50, max_summarizer_calls_per_hour=3
         )
-        store = SQLiteStore(tmp_path)
+        store, files = where.stores()
         await store.open()
-        files = FileStore(tmp_path)
         try:
             engine = ContextEngine(store, files, settings)  # its ingestor charges the engine's guard
             summarizer = ScriptedSummarizer()
@@ -130,9 +140,9 @@ class HangingSummarizer:
         raise AssertionError("unreachable")
 
 
-def test_exploration_stops_at_the_request_deadline(tmp_path: Path) -> None:
+def test_exploration_stops_at_the_request_deadline(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path, large=100) as (_, store, files):
+        async with open_engine(where, large=100) as (_, store, files):
             ingestor = Ingestor(store, files, Thresholds(100, 2000, exploration_seconds=0.5))
             summarizer = HangingSummarizer()
             # (wait_for: without a deadline the summarizer would hang this test for ever)
@@ -167,9 +177,11 @@ def image_part(i: int) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
 
 
-def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
+def test_a_cancelled_request_leaves_no_file(where: Location) -> None:
+    on_disk = where.kind == "sqlite"  # PostgreSQL's payloads wait in memory, not in a pending folder
+
     async def scenario() -> None:
-        async with open_engine(tmp_path, large=100) as (ingestor, store, _):
+        async with open_engine(where, large=100) as (ingestor, store, _):
             summarizer = HangingSummarizer()
             transcript: list[dict[str, Any]] = [
                 {"role": "user", "content": [{"type": "text", "text": "pictures"}, *map(image_part, range(30))]},
@@ -178,40 +190,43 @@ def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
             ]
             task = asyncio.create_task(ingestor.ingest("t", transcript, summarizer=summarizer))
             await summarizer.started.wait()
-            assert stored_files(tmp_path) == set()  # nothing published before the transaction
-            assert len(pending_files(tmp_path)) == 30  # but written, durably, where nobody refers to them
+            assert await stored_payloads(where, store) == set()  # nothing published before the transaction
+            if on_disk:
+                assert len(pending_files(where.data_dir)) == 30  # but written, durably, where nobody refers to them
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert pending_files(tmp_path) == [] and stored_files(tmp_path) == set()
+            assert pending_files(where.data_dir) == [] and await stored_payloads(where, store) == set()
             assert await row_count(store, "messages") == 0 and await row_count(store, "files") == 0
 
     run(scenario())
 
 
 def test_a_failed_write_leaves_no_file_and_a_stored_row_always_has_its_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    where: Location, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    writes = WriteTransaction if where.kind == "sqlite" else PostgresWrites
+
     async def scenario() -> None:
-        async with open_engine(tmp_path, large=100) as (ingestor, store, files):
+        async with open_engine(where, large=100) as (ingestor, store, files):
             transcript = [{"role": "user", "content": [{"type": "text", "text": "a"}, *map(image_part, range(20))]}]
 
             async def failing(*args: Any, **kwargs: Any) -> None:
                 raise OSError("disk full")
 
-            monkeypatch.setattr(WriteTransaction, "append_messages", failing)
+            monkeypatch.setattr(writes, "append_messages", failing)
             with pytest.raises(OSError, match="disk full"):
                 await ingestor.ingest("t", transcript)
-            assert stored_files(tmp_path) == set() and pending_files(tmp_path) == []
+            assert await stored_payloads(where, store) == set() and pending_files(where.data_dir) == []
             assert await row_count(store, "files") == 0
 
             monkeypatch.undo()
             await ingestor.ingest("t", transcript)
-            rows = await file_rows(store)
-            assert len(rows) == 20 and stored_files(tmp_path) == {path for *_, path in rows}
-            assert pending_files(tmp_path) == []
-            for _, _, sha, path in rows:
-                assert files.digest(files.read(path)) == sha
+            stored = await file_rows(store)
+            assert len(stored) == 20 and await stored_payloads(where, store) == {path for *_, path in stored}
+            assert pending_files(where.data_dir) == []
+            for _, _, sha, path in stored:
+                assert hashlib.sha256(await files.load(path)).hexdigest() == sha
 
     run(scenario())
 
@@ -298,7 +313,7 @@ def test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled(
     on_disk = stored_files(data_dir)
     assert pending_files(data_dir) == []
 
-    async def rows() -> list[tuple[str, str, str, str]]:
+    async def recorded_rows() -> list[tuple[str, str, str, str]]:
         store = SQLiteStore(data_dir)
         await store.open()
         try:
@@ -307,7 +322,7 @@ def test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled(
             await store.close()
 
     assert "status" in outcome, "the big request got no answer"
-    recorded = {path for *_, path in asyncio.run(rows())}
+    recorded = {path for *_, path in asyncio.run(recorded_rows())}
     if outcome["status"] == 200 or recorded:
         # Stored (accepted, or refused after storing, as a context_length_exceeded is): every part has its
         # file and every file its row.
@@ -321,30 +336,31 @@ def test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled(
 # --- B. content addressing per tenant --------------------------------------------------------------------
 
 
-def test_tenants_never_share_a_file_and_a_second_tenant_really_writes(tmp_path: Path) -> None:
+def test_tenants_never_share_a_file_and_a_second_tenant_really_writes(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path, large=100) as (ingestor, store, files):
+        async with open_engine(where, large=100) as (ingestor, store, files):
             document = [user(blocks(1, "contract"))]
             await ingestor.ingest("alice", document)
-            alice_files = stored_files(tmp_path)
+            alice_files = await stored_payloads(where, store)
             assert len(alice_files) == 1
 
             await ingestor.ingest("bob", document)
-            after_bob = stored_files(tmp_path)
+            after_bob = await stored_payloads(where, store)
             assert len(after_bob) == 2  # Bob's copy is a new file: a real write, not a hit on Alice's
             (bob_file,) = after_bob - alice_files
 
-            rows = {tenant: (sha, path) for _, tenant, sha, path in await file_rows(store)}
-            assert rows["alice"][0] == rows["bob"][0]  # the same content hash (doctor checks content with it)
-            assert rows["alice"][1] != rows["bob"][1] and rows["bob"][1] == bob_file
+            by_tenant = {tenant: (sha, path) for _, tenant, sha, path in await file_rows(store)}
+            assert by_tenant["alice"][0] == by_tenant["bob"][0]  # the same content hash (doctor checks with it)
+            assert by_tenant["alice"][1] != by_tenant["bob"][1] and by_tenant["bob"][1] == bob_file
             (alice_file,) = alice_files
-            assert rows["alice"][1] == alice_file
-            assert (tmp_path / alice_file).stat().st_ino != (tmp_path / bob_file).stat().st_ino
-            assert files.read(alice_file) == files.read(bob_file)
+            assert by_tenant["alice"][1] == alice_file
+            if where.kind == "sqlite":  # two files on disk, not two links to one
+                assert (where.data_dir / alice_file).stat().st_ino != (where.data_dir / bob_file).stat().st_ino
+            assert await files.load(alice_file) == await files.load(bob_file)
 
             # A tenant does deduplicate against itself: the same document in a new conversation is no new file.
             await ingestor.ingest("bob", [user("another conversation"), *document])
-            assert stored_files(tmp_path) == after_bob
+            assert await stored_payloads(where, store) == after_bob
 
     run(scenario())
 

@@ -1,4 +1,5 @@
-"""Compaction engine against a real SQLite store: summarizer failure modes, budgets, eviction, forks."""
+"""Compaction engine against a real store, SQLite and PostgreSQL: summarizer failure modes, budgets,
+eviction, forks."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import pytest
 from proxy.config import LcmSettings
 from proxy.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.errors import ContextTooLong
 from proxy.engine.ingest import export_conversation
 from proxy.engine.summarize import FALLBACK_MARKER
-from proxy.errors import ContextLengthExceeded, UpstreamError
-from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
-from tests.engine_support import assistant, run, user
-from tests.sim_support import check_tool_pairing, unreachable_messages, without_recall
+from proxy.errors import UpstreamError
+from proxy.store import Location
+from proxy.wire.http import to_proxy_error
+from tests.engine_support import assistant, located, rows, run, unreachable_messages, user
+from tests.sim_support import check_tool_pairing, without_recall
 
 SETTINGS = LcmSettings(
     fresh_tail_count=4,
@@ -74,11 +76,12 @@ def long_turns(n: int) -> list[dict[str, Any]]:
 
 
 async def open_context_engine(
-    data_dir: Path, settings: LcmSettings = SETTINGS
-) -> tuple[ContextEngine, SQLiteStore, FileStore]:
-    store = SQLiteStore(data_dir)
+    where: Path | Location, settings: LcmSettings = SETTINGS
+) -> tuple[ContextEngine, Any, Any]:
+    """An engine on a fresh store (a data directory: SQLite there); (engine, store, payload store). The stores
+    are typed ``Any``: tests reach into either backend."""
+    store, files = located(where).stores()
     await store.open()
-    files = FileStore(data_dir)
     return ContextEngine(store, files, settings), store, files
 
 
@@ -86,9 +89,9 @@ BIG = Budget(window=100_000, output_reserve=1000, tools=0)
 
 
 @pytest.mark.parametrize("behaviour", ["ok", "timeout", "500", "empty", "longer", "reasoning"])
-def test_summarizer_failures_fall_back_and_stay_usable(tmp_path: Path, behaviour: str) -> None:
+def test_summarizer_failures_fall_back_and_stay_usable(where: Location, behaviour: str) -> None:
     async def scenario() -> None:
-        engine, store, files = await open_context_engine(tmp_path)
+        engine, store, files = await open_context_engine(where)
         summarizer = Scripted(behaviour)
         transcript = long_turns(12)
         prepared = await engine.prepare("t", transcript, BIG, summarizer)
@@ -121,9 +124,9 @@ def test_summarizer_failures_fall_back_and_stay_usable(tmp_path: Path, behaviour
     run(scenario())
 
 
-def test_auth_failure_writes_no_summary_and_opens_breaker(tmp_path: Path) -> None:
+def test_auth_failure_writes_no_summary_and_opens_breaker(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("401")
         prepared = await engine.prepare("t", long_turns(12), BIG, summarizer)
         report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
@@ -138,9 +141,9 @@ def test_auth_failure_writes_no_summary_and_opens_breaker(tmp_path: Path) -> Non
     run(scenario())
 
 
-def test_hard_budget_compacts_inline_and_fits(tmp_path: Path) -> None:
+def test_hard_budget_compacts_inline_and_fits(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         transcript = long_turns(30)
         budget = Budget(window=2500, output_reserve=300, tools=0)
@@ -155,9 +158,9 @@ def test_hard_budget_compacts_inline_and_fits(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_summarizer_down_evicts_from_view_not_from_store(tmp_path: Path) -> None:
+def test_summarizer_down_evicts_from_view_not_from_store(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, files = await open_context_engine(tmp_path)
+        engine, store, files = await open_context_engine(where)
         summarizer = Scripted("401")
         transcript = long_turns(30)
         budget = Budget(window=2500, output_reserve=300, tools=0)
@@ -173,13 +176,14 @@ def test_summarizer_down_evicts_from_view_not_from_store(tmp_path: Path) -> None
     run(scenario())
 
 
-def test_tail_that_cannot_fit_is_context_length_exceeded(tmp_path: Path) -> None:
+def test_tail_that_cannot_fit_is_context_length_exceeded(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         transcript = [user("x " * 1500)]  # under the huge-paste threshold (2000), over this budget
-        with pytest.raises(ContextLengthExceeded) as info:
+        with pytest.raises(ContextTooLong) as info:
             await engine.prepare("t", transcript, Budget(window=1200, output_reserve=200, tools=0), Scripted("ok"))
-        assert info.value.code == "context_length_exceeded" and info.value.status == 400
+        reported = to_proxy_error(info.value)  # what the client gets
+        assert reported.code == "context_length_exceeded" and reported.status == 400
         assert "newest user message" in info.value.message and "max_tokens" in info.value.message
         assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
@@ -187,9 +191,9 @@ def test_tail_that_cannot_fit_is_context_length_exceeded(tmp_path: Path) -> None
     run(scenario())
 
 
-def test_tool_pairs_never_split_by_compaction(tmp_path: Path) -> None:
+def test_tool_pairs_never_split_by_compaction(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         transcript: list[dict[str, Any]] = []
         for i in range(25):
@@ -218,9 +222,9 @@ def test_tool_pairs_never_split_by_compaction(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_zero_cost_below_threshold(tmp_path: Path) -> None:
+def test_zero_cost_below_threshold(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         transcript = [{"role": "system", "content": "sys"}, user("hello")]
         for i in range(10):
@@ -249,12 +253,12 @@ class Held(Scripted):
         return await super().complete(system=system, user=user, max_tokens=max_tokens, temperature=temperature)
 
 
-def test_a_fork_waits_for_its_parents_running_compaction_and_reuses_it(tmp_path: Path) -> None:
+def test_a_fork_waits_for_its_parents_running_compaction_and_reuses_it(where: Location) -> None:
     """A fork made while its parent is being compacted used to start a compaction of its own over the same
     prefix; now it waits for the parent's and takes its summaries of the shared prefix."""
 
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Held()
         transcript = long_turns(18)  # over the soft threshold of this budget, under its limit
         budget = Budget(window=3000, output_reserve=300, tools=0)
@@ -279,9 +283,9 @@ def test_a_fork_waits_for_its_parents_running_compaction_and_reuses_it(tmp_path:
     run(scenario())
 
 
-def test_fork_shares_summaries_of_the_common_prefix(tmp_path: Path) -> None:
+def test_fork_shares_summaries_of_the_common_prefix(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, files = await open_context_engine(tmp_path)
+        engine, store, files = await open_context_engine(where)
         summarizer = Scripted("ok")
         transcript = long_turns(20)
         first = await engine.prepare("t", transcript, BIG, summarizer)
@@ -306,9 +310,9 @@ def test_fork_shares_summaries_of_the_common_prefix(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_condensed_nodes_link_to_children(tmp_path: Path) -> None:
+def test_condensed_nodes_link_to_children(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         prepared = await engine.prepare("t", long_turns(40), BIG, summarizer)
         for _ in range(4):
@@ -328,17 +332,16 @@ def test_condensed_nodes_link_to_children(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_summarizer_call_cap_degrades_to_fallback(tmp_path: Path) -> None:
+def test_summarizer_call_cap_degrades_to_fallback(where: Location) -> None:
     async def scenario() -> None:
         engine, store, _ = await open_context_engine(
-            tmp_path, SETTINGS.model_copy(update={"max_summarizer_calls_per_hour": 1})
+            where, SETTINGS.model_copy(update={"max_summarizer_calls_per_hour": 1})
         )
         summarizer = Scripted("ok")
         prepared = await engine.prepare("t", long_turns(12), BIG, summarizer)
         report = await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
         assert summarizer.calls == 1 and report.leaf_passes >= 2
-        async with store.search_conn.execute("SELECT escalation FROM summaries ORDER BY created_at, pk") as cursor:
-            escalations = [row[0] for row in await cursor.fetchall()]
+        escalations = [row[0] for row in await rows(store, "SELECT escalation FROM summaries ORDER BY created_at, pk")]
         assert escalations.count(0) == 1 and escalations.count(2) == len(escalations) - 1 >= 1
         assert await check_database(store, engine.files) == []  # doctor passes
         await store.close()
@@ -346,9 +349,9 @@ def test_summarizer_call_cap_degrades_to_fallback(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_file_ids_are_carried_into_summaries(tmp_path: Path) -> None:
+def test_file_ids_are_carried_into_summaries(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         document = "".join(f"row {i}: some value here\n" for i in range(1500))  # over the 2000-token threshold
         transcript = [user(f'<file name="rows.txt">{document}</file>'), assistant("got it"), *long_turns(10)]
@@ -363,15 +366,15 @@ def test_file_ids_are_carried_into_summaries(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_hopeless_request_changes_nothing(tmp_path: Path) -> None:
+def test_hopeless_request_changes_nothing(where: Location) -> None:
     """A request whose fresh tail cannot fit (a huge max_tokens) fails before any compaction is stored."""
 
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("ok")
         transcript = long_turns(10)
         first = await engine.prepare("t", transcript, BIG, summarizer)
-        with pytest.raises(ContextLengthExceeded):
+        with pytest.raises(ContextTooLong):
             await engine.prepare("t", transcript, Budget(window=8000, output_reserve=7990, tools=0), summarizer)
         assert summarizer.calls == 0
         assert await store.read.context_summaries(first.conversation_id or "") == []
@@ -383,14 +386,15 @@ def test_hopeless_request_changes_nothing(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_fallbacks_do_not_copy_the_previous_summary_forward(tmp_path: Path) -> None:
+def test_fallbacks_do_not_copy_the_previous_summary_forward(where: Location) -> None:
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         summarizer = Scripted("500")
         prepared = await engine.prepare("t", long_turns(20), BIG, summarizer)
         await engine.compactor.sweep(prepared.conversation_id or "", summarizer)
-        async with store.search_conn.execute("SELECT content FROM summaries WHERE kind = 'leaf' ORDER BY pk") as cursor:
-            contents = [row[0] for row in await cursor.fetchall()]
+        contents = [
+            row[0] for row in await rows(store, "SELECT content FROM summaries WHERE kind = 'leaf' ORDER BY pk")
+        ]
         assert len(contents) >= 3
         assert all("<previous_context>" not in c and "<conversation>" not in c for c in contents)
         assert len(set(contents)) == len(contents)
@@ -400,7 +404,7 @@ def test_fallbacks_do_not_copy_the_previous_summary_forward(tmp_path: Path) -> N
 
 
 def test_every_summarizer_failure_is_logged_with_its_cause_and_sizes(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    where: Location, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A summarizer 400 or timeout used to show up only as ``fallbacks=1``."""
 
@@ -409,7 +413,7 @@ def test_every_summarizer_failure_is_logged_with_its_cause_and_sizes(
             raise UpstreamError("request (17169 tokens) exceeds the available context size (8192 tokens)", status=400)
 
     async def scenario() -> None:
-        engine, store, _ = await open_context_engine(tmp_path)
+        engine, store, _ = await open_context_engine(where)
         prepared = await engine.prepare("t", long_turns(12), BIG, TooLong())
         with caplog.at_level("WARNING", logger="lcm_proxy.compaction"):
             report = await engine.compactor.sweep(prepared.conversation_id or "", TooLong())

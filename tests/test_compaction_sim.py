@@ -16,6 +16,7 @@ import httpx
 from proxy.engine.canonical import split_instructions
 from proxy.store.sqlite import SQLiteStore
 from tests.conftest import RunningProxy
+from tests.engine_support import unreachable_messages
 from tests.fakes import FakeUpstream
 from tests.sim_support import (
     ScriptedModel,
@@ -23,7 +24,6 @@ from tests.sim_support import (
     check_tool_pairing,
     forwarded_tokens,
     is_summary_request,
-    unreachable_messages,
     without_recall,
 )
 

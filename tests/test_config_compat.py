@@ -97,13 +97,26 @@ def test_database_url_sqlite_is_the_data_directory(url: str, data_dir: str) -> N
 
 
 @pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://u:p@db:5432/litellm", "postgresql://u:p@db:5432/litellm"),
+        ("postgres://u@db/x", "postgres://u@db/x"),
+        ("postgresql+psycopg://u@db/x", "postgresql://u@db/x"),  # SQLAlchemy's form loses its driver
+    ],
+)
+def test_database_url_postgresql_selects_the_postgresql_store(url: str, expected: str) -> None:
+    model = {"model_name": "m", "litellm_params": {"model": "openai/m"}}
+    config = parse_config({"model_list": [model], "general_settings": {"database_url": url}})
+    assert config.general_settings.database_url == expected
+    assert config.general_settings.location().kind == "postgresql"
+    assert "p@" not in config.general_settings.location().describe()  # no password in what is shown
+
+
+@pytest.mark.parametrize(
     ("general", "expected"),
     [
-        (
-            {"database_url": "postgresql://u:p@db/litellm"},
-            "general_settings.database_url: PostgreSQL is not supported yet (it comes in a later release)",
-        ),
-        ({"database_url": "mysql://db/x"}, "general_settings.database_url: expected sqlite:///DIRECTORY"),
+        ({"database_url": "postgresql://"}, "general_settings.database_url: expected postgresql://USER"),
+        ({"database_url": "mysql://db/x"}, "general_settings.database_url: expected postgresql://USER"),
         ({"database_url": "sqlite:////a", "data_dir": "/b"}, "general_settings.database_url: names another place"),
         ({"master_key": 1234}, "general_settings.master_key: expected a string"),
         ({"master_key": "short"}, "general_settings.api_keys[0].key: String should have at least 8 characters"),

@@ -25,7 +25,9 @@ def small_model(upstream_url: str) -> dict[str, Any]:
 def long_history(turns: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for turn in range(turns):
-        messages.append({"role": "user", "content": f"Turn {turn}: the depot in city {turn} keeps {turn * 7} crates. " * 6})
+        messages.append(
+            {"role": "user", "content": f"Turn {turn}: the depot in city {turn} keeps {turn * 7} crates. " * 6}
+        )
         messages.append({"role": "assistant", "content": f"Noted for turn {turn}."})
     messages.append({"role": "user", "content": QUESTION})
     return messages

@@ -43,7 +43,7 @@ pending.write()  # written to the pending folder; the request never got to its t
 uncommitted = files.batch("t")
 _, relative = uncommitted.add(bytes.fromhex(sys.argv[3]))
 uncommitted.write()
-uncommitted.publish([relative])  # renamed into place inside a transaction that never committed
+uncommitted.publish_now([relative])  # renamed into place inside a transaction that never committed
 (files.data_dir / relative).with_name(".tmp-0123abcd").write_bytes(b"x" * 10)  # an older version's temp file
 print(relative, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
@@ -160,7 +160,7 @@ def test_repair_beside_a_running_server_only_removes_files_no_request_can_still_
     ]
     assert not old_pending.exists() and not (data_dir / uncommitted).exists()
     assert all(p.exists() for p in young_files)
-    in_flight.publish([relative])  # the running request's pending file was left alone
+    in_flight.publish_now([relative])  # the running request's pending file was left alone
     assert (data_dir / relative).read_bytes() == b"a payload whose request is still running"
     in_flight.discard()
 
@@ -178,7 +178,7 @@ def test_a_request_that_relied_on_a_file_repair_deleted_writes_it_again(tmp_path
     request.write()  # nothing to write: the content is on disk already
     assert any("stored file(s)" in line for line in asyncio.run(run_repair(data_dir)))
     assert not (data_dir / relative).exists()
-    request.publish([relative])
+    request.publish_now([relative])
     assert (data_dir / relative).read_bytes() == UNCOMMITTED_CONTENT
     request.discard()
 

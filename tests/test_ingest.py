@@ -13,16 +13,18 @@ import pytest
 
 from proxy.engine import ingest as ingest_module
 from proxy.engine.canonical import same_message
+from proxy.engine.errors import ConversationBusy
 from proxy.engine.ingest import export_conversation
-from proxy.errors import ConversationBusyError
+from proxy.store import Location
+from proxy.wire.http import to_proxy_error
 from tests.engine_support import ScriptedSummarizer, assistant, open_engine, row_count, run, user
 
 SYSTEM = {"role": "system", "content": "You are helpful. Today is Monday."}
 
 
-def test_continuation_appends_only_new_messages(tmp_path: Path) -> None:
+def test_continuation_appends_only_new_messages(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             t1 = [SYSTEM, user("hi")]
             r1 = await ingestor.ingest("t", t1)
             assert (r1.action, r1.appended) == ("new", 1)
@@ -35,9 +37,9 @@ def test_continuation_appends_only_new_messages(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_identical_resend_writes_nothing(tmp_path: Path) -> None:
+def test_identical_resend_writes_nothing(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, _):
             t = [user("hi"), assistant("hello"), user("again")]
             first = await ingestor.ingest("t", t)
             for _ in range(3):
@@ -49,9 +51,9 @@ def test_identical_resend_writes_nothing(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_canonical_form_ignores_key_order_and_empty_fields(tmp_path: Path) -> None:
+def test_canonical_form_ignores_key_order_and_empty_fields(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, _):
             call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
             t = [
                 user("q"),
@@ -72,9 +74,9 @@ def test_canonical_form_ignores_key_order_and_empty_fields(tmp_path: Path) -> No
     run(scenario())
 
 
-def test_regenerate_from_earlier_point_writes_nothing_then_forks(tmp_path: Path) -> None:
+def test_regenerate_from_earlier_point_writes_nothing_then_forks(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             full = [user("a"), assistant("b"), user("c"), assistant("d"), user("e")]
             original = await ingestor.ingest("t", full)
             earlier = await ingestor.ingest("t", full[:3])
@@ -99,9 +101,9 @@ def test_regenerate_from_earlier_point_writes_nothing_then_forks(tmp_path: Path)
     run(scenario())
 
 
-def test_edit_of_earlier_turn_forks_and_keeps_old_intact(tmp_path: Path) -> None:
+def test_edit_of_earlier_turn_forks_and_keeps_old_intact(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             old = [user("plan a trip"), assistant("where?"), user("Paris"), assistant("ok, Paris")]
             first = await ingestor.ingest("t", old)
             edited = [user("plan a trip"), assistant("where?"), user("Rome")]
@@ -115,9 +117,9 @@ def test_edit_of_earlier_turn_forks_and_keeps_old_intact(tmp_path: Path) -> None
     run(scenario())
 
 
-def test_same_opening_never_mixes_once_different(tmp_path: Path) -> None:
+def test_same_opening_never_mixes_once_different(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             a = [user("hi"), assistant("Hello! How can I help?"), user("tell me about cats")]
             b = [user("hi"), assistant("Hey there."), user("tell me about dogs")]
             ra = await ingestor.ingest("t", a)
@@ -133,9 +135,9 @@ def test_same_opening_never_mixes_once_different(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_changed_system_prompt_keeps_conversation(tmp_path: Path) -> None:
+def test_changed_system_prompt_keeps_conversation(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             t = [user("hi"), assistant("hello")]
             first = await ingestor.ingest("t", [SYSTEM, *t])
             new_system = {"role": "system", "content": "You are helpful. Today is Tuesday."}
@@ -149,9 +151,9 @@ def test_changed_system_prompt_keeps_conversation(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_tenants_are_isolated(tmp_path: Path) -> None:
+def test_tenants_are_isolated(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _files):
+        async with open_engine(where) as (ingestor, store, _files):
             t = [user("secret plan"), assistant("noted")]
             alice = await ingestor.ingest("alice", t)
             bob = await ingestor.ingest("bob", [*t, user("continue")])
@@ -162,9 +164,9 @@ def test_tenants_are_isolated(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_explicit_conversation_key(tmp_path: Path) -> None:
+def test_explicit_conversation_key(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, _store, _files):
+        async with open_engine(where) as (ingestor, _store, _files):
             t = [user("hi")]
             a = await ingestor.ingest("t", t, conversation_key="chat-A")
             b = await ingestor.ingest("t", t, conversation_key="chat-B")
@@ -185,9 +187,9 @@ def test_explicit_conversation_key(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_concurrent_requests_for_one_conversation(tmp_path: Path) -> None:
+def test_concurrent_requests_for_one_conversation(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             base = [user("start")]
             await ingestor.ingest("t", base)
             longer = [*base, assistant("a"), user("b"), assistant("c"), user("d")]
@@ -234,9 +236,9 @@ def test_large_file_block_is_stored_once_and_stubbed(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_large_tool_result_stored_once(tmp_path: Path) -> None:
+def test_large_tool_result_stored_once(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             output = big_text(1024, "log")  # 1 MiB
             call = {
                 "id": "call_1",
@@ -261,9 +263,9 @@ def test_large_tool_result_stored_once(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_medium_tool_result_is_stored_but_forwarded_raw(tmp_path: Path) -> None:
+def test_medium_tool_result_is_stored_but_forwarded_raw(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _files):
+        async with open_engine(where) as (ingestor, store, _files):
             output = big_text(16, "row")  # ~3-4k tokens: above 2k, below 25k
             call = {"id": "c", "type": "function", "function": {"name": "query", "arguments": "{}"}}
             t = [
@@ -281,9 +283,9 @@ def test_medium_tool_result_is_stored_but_forwarded_raw(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_base64_image_stored_once_forwarded_intact(tmp_path: Path) -> None:
+def test_base64_image_stored_once_forwarded_intact(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             png = os.urandom(50_000)
             url = "data:image/png;base64," + base64.b64encode(png).decode()
             pdf = base64.b64encode(os.urandom(30_000)).decode()
@@ -311,9 +313,9 @@ def test_base64_image_stored_once_forwarded_intact(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_small_content_is_forwarded_unchanged(tmp_path: Path) -> None:
+def test_small_content_is_forwarded_unchanged(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, _):
             t = [SYSTEM, user(file_block("a.py", "print('hi')\n" * 50)), assistant("ok"), user("and?")]
             result = await ingestor.ingest("t", t)
             assert result.messages is t
@@ -353,9 +355,9 @@ def test_file_block_scanner_is_linear_and_correct() -> None:
     assert len(find_file_blocks(many)) == 100_000
 
 
-def test_earlier_resend_with_other_instructions_keeps_stored_instructions(tmp_path: Path) -> None:
+def test_earlier_resend_with_other_instructions_keeps_stored_instructions(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, files):
+        async with open_engine(where) as (ingestor, store, files):
             full = [SYSTEM, user("u1"), assistant("a1"), user("u2")]
             first = await ingestor.ingest("t", full)
             side = await ingestor.ingest("t", [{"role": "system", "content": "Write a title."}, user("u1")])
@@ -365,12 +367,12 @@ def test_earlier_resend_with_other_instructions_keeps_stored_instructions(tmp_pa
     run(scenario())
 
 
-def test_a_conversation_that_never_settles_is_a_409_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_conversation_that_never_settles_is_a_409_and_writes_nothing(where: Location) -> None:
     """If other requests keep moving the conversation for every attempt, the request fails cleanly with a
     retryable 409 (the SDKs resend it) instead of a 500, and nothing of it is stored."""
 
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, _):
             await ingestor.ingest("t", [user("start")])
             attempts = 0
 
@@ -380,10 +382,32 @@ def test_a_conversation_that_never_settles_is_a_409_and_writes_nothing(tmp_path:
                 raise ingest_module._NeedsPreparation([])
 
             ingestor._commit = always_moved  # type: ignore[method-assign]
-            with pytest.raises(ConversationBusyError) as info:
+            with pytest.raises(ConversationBusy) as info:
                 await ingestor.ingest("t", [user("start"), assistant("a"), user("b")])
-            assert (info.value.status, info.value.code, info.value.retryable) == (409, "conversation_busy", True)
+            reported = to_proxy_error(info.value)  # what the client gets
+            assert (reported.status, reported.code, reported.retryable) == (409, "conversation_busy", True)
             assert attempts == 5
             assert await row_count(store, "messages") == 1
+
+    run(scenario())
+
+
+def test_nul_characters_are_stored_losslessly(where: Location) -> None:
+    """JSON allows ``\\u0000`` in strings; PostgreSQL text does not: the transcript still comes back exactly,
+    on both stores, and a large paste carrying one is stored and restored too."""
+
+    async def scenario() -> None:
+        async with open_engine(where, large=300) as (ingestor, store, files):
+            paste = "".join(f"row {i}\x00value {i}\n" for i in range(400))
+            transcript = [
+                user("a\x00b"),
+                assistant("nul \x00 inside"),
+                user(f'<file name="x\x00y.txt">\n{paste}</file>'),
+            ]
+            result = await ingestor.ingest("t", transcript)
+            assert result.messages[-1] != transcript[-1]  # the paste was stubbed
+            assert await export_conversation(store, files, "t", result.conversation_id) == transcript
+            again = await ingestor.ingest("t", transcript)
+            assert (again.conversation_id, again.action) == (result.conversation_id, "same")
 
     run(scenario())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import httpx
@@ -14,8 +14,7 @@ import openai
 import pytest
 
 from proxy.engine.ingest import export_conversation
-from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store import Location
 from tests.fakes import FakeUpstream, Reply
 from tests.sim_support import is_summary_request
 from tests.test_compaction_sim import start_sim_proxy
@@ -84,11 +83,11 @@ class RecallingModel:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_fact_recovered_through_grep_and_describe(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
 ) -> None:
     model = RecallingModel()
     fake_upstream.responder = model
-    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    proxy = start_sim_proxy(partial(proxy_factory, where=where), upstream_url)
     sdk = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0, timeout=60)
     messages = history()
     if stream:
@@ -127,21 +126,21 @@ def test_fact_recovered_through_grep_and_describe(
     assert response.status_code == 200
     conversation = response.headers["x-lcm-conversation-id"]
     # Stored: exactly what the client sent, and the answer relayed for it; none of the recall round trip.
-    exported = asyncio.run(_export(Path(str(proxy.config.general_settings.data_dir)), conversation))
+    exported = asyncio.run(_export(proxy.config.general_settings.location(), conversation))
     assert exported == [*follow, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}]
 
 
-async def _export(data_dir: Path, conversation: str) -> list[dict[str, Any]]:
-    store = SQLiteStore(data_dir)
+async def _export(location: Location, conversation: str) -> list[dict[str, Any]]:
+    store, files = location.stores()
     await store.open()
     try:
-        return await export_conversation(store, FileStore(data_dir), None, conversation)
+        return await export_conversation(store, files, None, conversation)
     finally:
         await store.close()
 
 
 def test_client_tools_are_returned_and_recall_calls_hidden(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     def responder(body: dict[str, Any]) -> Reply:
         if is_summary_request(body):
@@ -153,7 +152,7 @@ def test_client_tools_are_returned_and_recall_calls_hidden(
         return Reply(content=None, tool_calls=mixed)
 
     fake_upstream.responder = responder
-    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    proxy = start_sim_proxy(partial(proxy_factory, where=where), upstream_url)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     response = httpx.post(
         f"{proxy.base_url}/chat/completions",
@@ -176,7 +175,7 @@ def test_no_recall_tools_below_threshold(proxy: Any, fake_upstream: FakeUpstream
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_tool_loop_stays_within_budget(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
 ) -> None:
     """A greedy model asking for three broad greps every round never pushes a request over the budget."""
     from tests.sim_support import forwarded_tokens
@@ -198,7 +197,7 @@ def test_tool_loop_stays_within_budget(
         return Reply(content="Final answer.")
 
     fake_upstream.responder = greedy
-    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    proxy = start_sim_proxy(partial(proxy_factory, where=where), upstream_url)
     body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream}
     response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
     assert response.status_code == 200
@@ -216,7 +215,7 @@ def test_tool_loop_stays_within_budget(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_expand_query_survives_a_summary_model_that_times_out(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
 ) -> None:
     """lcm_expand_query's summary call times out: the model gets the sources as the tool's result and the
     client its answer, not a 500 (the request *was* forwarded)."""
@@ -235,7 +234,7 @@ def test_expand_query_survives_a_summary_model_that_times_out(
         return Reply(content=None, tool_calls=[call])
 
     fake_upstream.responder = responder
-    proxy = start_sim_proxy(proxy_factory, upstream_url, summary_timeout=1)
+    proxy = start_sim_proxy(partial(proxy_factory, where=where), upstream_url, summary_timeout=1)
     body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream}
     response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
@@ -253,12 +252,12 @@ def test_expand_query_survives_a_summary_model_that_times_out(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_no_recall_tools_when_several_choices_are_asked_for(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
+    where: Location, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, stream: bool
 ) -> None:
     """The recall loop answers for one choice; with n > 1 the request is forwarded without the recall tools
     (so the client can never see an ``lcm_*`` call)."""
     fake_upstream.responder = lambda body: Reply(content="Summary." if is_summary_request(body) else "ok")
-    proxy = start_sim_proxy(proxy_factory, upstream_url)
+    proxy = start_sim_proxy(partial(proxy_factory, where=where), upstream_url)
     for n, offered in ((2, False), (1, True)):
         body = {"model": "small", "messages": history(), "max_tokens": 400, "stream": stream, "n": n}
         response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from proxy.app import create_app
 from proxy.doctor import run_doctor
 from proxy.engine.summarize import CONDENSED_PROMPTS, LEAF_PROMPT
+from proxy.store import Location
 from proxy.store.files import FileStore
 from proxy.summarizer import EXPLORE_PROMPT
 from proxy.toolloop import MAX_CALLS_PER_ROUND
@@ -189,14 +190,23 @@ class World:
     outside_secret: Path
 
 
-@pytest.fixture(scope="module")
-def world(fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One proxy with two tenants, shared by the isolation tests (Bob's requests never change Alice's data)."""
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def world(
+    request: pytest.FixtureRequest,
+    fake_upstream_server: tuple[FakeUpstream, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[World]:
+    """One proxy with two tenants, shared by the isolation tests (Bob's requests never change Alice's data), on
+    each store."""
     fake, upstream_url = fake_upstream_server
     base = tmp_path_factory.mktemp("world")
     secret = base / "secret.txt"
     secret.write_text(OUTSIDE_SECRET)
-    config = make_config(upstream_url, base / "data", LCM, api_keys=KEYS)
+    general: dict[str, Any] = {"api_keys": KEYS}
+    if request.param == "postgresql":
+        general["database_url"] = request.getfixturevalue("pg_cluster").create_database(f"world_{base.name}")
+    location = Location(base / "data", general.get("database_url"))
+    config = make_config(upstream_url, base / "data", LCM, **general)
     app = create_app(config)
     with serve_in_thread(app) as url:
         model = ToolModel()
@@ -204,7 +214,7 @@ def world(fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pyte
         alice = seed_alice(url, fake, model)
         fake.responder = None
         yield World(RunningProxy(url, config, app), alice, model, base / "data", secret)
-    assert asyncio.run(run_doctor(base / "data")) == []
+    assert asyncio.run(run_doctor(location)) == []
 
 
 def use_model(world: World, fake: FakeUpstream, plan: list[tuple[str, dict[str, Any]]] | None = None) -> ToolModel:

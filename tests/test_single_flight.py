@@ -2,7 +2,8 @@
 several on one database file (``serve --workers N``, ``lcm-proxy compact`` beside a server), never summarise
 the same conversation side by side. A second sweep waits for the running one and starts from its result.
 
-Two engines on two stores over one file stand for two processes: they share nothing but the database.
+Two engines on two stores over one database (a SQLite file, or a PostgreSQL database: every test runs on both)
+stand for two processes: they share nothing but the database.
 """
 
 from __future__ import annotations
@@ -10,20 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+import pytest
 
 from proxy.doctor import check_database
 from proxy.engine.admin import AdminViews
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.recall import RecallTools
 from proxy.operator import Operator
-from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store import Location
 from tests.conftest import make_config
-from tests.engine_support import row_count, run
+from tests.engine_support import elsewhere, row_count, run
 from tests.fakes import FakeUpstream, Reply
 from tests.sim_support import ScriptedModel, is_summary_request
 from tests.test_compaction import SETTINGS, Held, Scripted, long_turns, open_context_engine
@@ -94,22 +96,24 @@ async def until(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, 30), "neither waited nor summarised"
 
 
-async def calls_of_one_sweep(data_dir: Path) -> int:
-    engine, store, _ = await open_context_engine(data_dir)
+async def calls_of_one_sweep(where: Location) -> int:
+    engine, store, _ = await open_context_engine(where)
     summarizer = Scripted("ok")
     assert (await engine.prepare("t", long_turns(30), HARD, summarizer)).compaction == "inline"
     await store.close()
     return summarizer.calls
 
 
-def test_a_second_process_waits_for_the_running_sweep_instead_of_summarising_again(tmp_path: Path) -> None:
+def test_a_second_process_waits_for_the_running_sweep_instead_of_summarising_again(
+    where: Location, request: pytest.FixtureRequest
+) -> None:
     """Two workers answering requests of one conversation over the hard budget each ran a full inline sweep:
     twice the summarizer calls, the loser's discarded. The second now waits for the first and reuses it."""
 
     async def scenario() -> None:
-        alone = await calls_of_one_sweep(tmp_path / "alone")
-        first, store1, files = await open_context_engine(tmp_path / "data")
-        second, store2, _ = await open_context_engine(tmp_path / "data")
+        alone = await calls_of_one_sweep(elsewhere(where, request))
+        first, store1, files = await open_context_engine(where)
+        second, store2, _ = await open_context_engine(where)
         held = Held()
         reached = threading.Event()  # the second worker waits for the lease (or, before the fix, summarises)
         other = Counting(reached)
@@ -132,12 +136,12 @@ def test_a_second_process_waits_for_the_running_sweep_instead_of_summarising_aga
     run(scenario())
 
 
-def test_the_admin_compact_waits_for_the_running_inline_sweep(tmp_path: Path) -> None:
+def test_the_admin_compact_waits_for_the_running_inline_sweep(where: Location) -> None:
     """POST /lcm/conversations/{id}/compact swept beside a running inline compaction of the same conversation
     (both summarising the same messages, one commit thrown away); now it runs after it, from its result."""
 
     async def scenario() -> None:
-        engine, store, files = await open_context_engine(tmp_path)
+        engine, store, files = await open_context_engine(where)
         views = AdminViews(engine, RecallTools(store, files))
         summarizer = HeldCounting()
         reached = summarizer.overlapped
@@ -158,7 +162,7 @@ def test_the_admin_compact_waits_for_the_running_inline_sweep(tmp_path: Path) ->
 
 
 def test_lcm_proxy_compact_waits_for_the_servers_sweep(
-    tmp_path: Path, upstream_url: str, fake_upstream: FakeUpstream
+    where: Location, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     """The operator's ``compact`` (its own process, its own store) swept while the server compacted the same
     conversation; now it waits for the server's sweep and starts from its result."""
@@ -171,18 +175,23 @@ def test_lcm_proxy_compact_waits_for_the_servers_sweep(
         return model(body)
 
     fake_upstream.responder = respond
-    config = make_config(upstream_url, tmp_path, lcm={**SETTINGS.model_dump(), "summary_timeout": 30})
+    config = make_config(
+        upstream_url,
+        where.data_dir,
+        lcm={**SETTINGS.model_dump(), "summary_timeout": 30},
+        database_url=where.database_url,
+    )
 
     async def scenario() -> None:
-        store = SQLiteStore(tmp_path)
+        store, files = where.stores()
         await store.open()
-        server = ContextEngine(store, FileStore(tmp_path), SETTINGS)
+        server = ContextEngine(store, files, SETTINGS)
         held = Held()
         with on_log("waits up to", summarised):
             inline = asyncio.create_task(server.prepare("t", long_turns(30), HARD, held))
             await held.waiting.wait()
             conversation = (await store.read.conversations("t"))[0].id
-            async with Operator(tmp_path) as operator:
+            async with Operator(where) as operator:
                 cli = asyncio.create_task(operator.compact(conversation, None, "test-model", config))
                 await until(summarised)
                 early = sum(is_summary_request(r.body) for r in fake_upstream.requests)
@@ -196,14 +205,14 @@ def test_lcm_proxy_compact_waits_for_the_servers_sweep(
     run(scenario())
 
 
-def test_a_live_lease_is_respected_and_an_expired_one_taken_over(tmp_path: Path) -> None:
+def test_a_live_lease_is_respected_and_an_expired_one_taken_over(where: Location) -> None:
     """Another process's lease: a background sweep skips the conversation, a request waits at most its inline
     deadline and is answered from what fits. A lease whose holder died (not renewed past its expiry) is taken
     over by the next sweep."""
 
     async def scenario() -> None:
         engine, store, files = await open_context_engine(
-            tmp_path, SETTINGS.model_copy(update={"inline_compaction_seconds": 0.3})
+            where, SETTINGS.model_copy(update={"inline_compaction_seconds": 0.3})
         )
         summarizer = Scripted("ok")
         prepared = await engine.prepare(
@@ -226,6 +235,40 @@ def test_a_live_lease_is_respected_and_an_expired_one_taken_over(tmp_path: Path)
         await engine.wait_idle()
         assert summarizer.calls > 0 and await row_count(store, "summaries") > 0
         assert await store.read.compaction_lease(conversation) is None  # taken over, then released
+        assert await check_database(store, files) == []
+        await store.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_a_lease_read_agrees_with_the_store_whatever_this_hosts_clock(
+    where: Location, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """A waiting sweep polls ``read.compaction_lease`` and compares the expiry with ``time.time()``; a store
+    that keeps expiries on the database's clock (PostgreSQL: replicas' clocks may disagree) must give it back
+    on this host's, or a live lease looks expired (and the waiter hammers the write lock) or a dead one alive."""
+
+    async def scenario() -> None:
+        engine, store, files = await open_context_engine(where)
+        prepared = await engine.prepare("t", long_turns(2), HARD, Scripted("ok"))
+        conversation = prepared.conversation_id or ""
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + skew)  # this host's clock is off by an hour
+        async with store.write() as tx:
+            assert await tx.take_compaction_lease(conversation, "other-host:1:live", 600)
+        owner, expires = await store.read.compaction_lease(conversation) or ("", 0.0)
+        assert owner == "other-host:1:live" and time.time() + 590 < expires <= time.time() + 600
+        async with store.write() as tx:
+            assert not await tx.take_compaction_lease(conversation, "me", 600)  # live, as the read said
+            await tx.release_compaction_lease(conversation, "other-host:1:live")
+            assert await tx.take_compaction_lease(conversation, "other-host:2:dead", -1)  # expired at once
+        _, expired = await store.read.compaction_lease(conversation) or ("", 0.0)
+        assert time.time() - 10 < expired <= time.time()
+        async with store.write() as tx:
+            assert await tx.take_compaction_lease(conversation, "me", 600)  # expired, as the read said
+            await tx.release_compaction_lease(conversation, "me")
+        monkeypatch.undo()
         assert await check_database(store, files) == []
         await store.close()
 

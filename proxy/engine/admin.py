@@ -13,15 +13,11 @@ import orjson
 
 from proxy.engine import tokens
 from proxy.engine.engine import ContextEngine, RequestSummarizer
+from proxy.engine.errors import NotFound
 from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
 from proxy.store.records import ConversationRecord
-
-
-class NotFound(Exception):
-    pass
-
 
 PROXY_ID = re.compile(r"conv_[0-9a-f]{16}")
 

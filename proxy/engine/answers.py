@@ -82,6 +82,7 @@ async def record_answer(
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
         async with store.write() as tx:
+            await tx.lock_conversation(conversation_id)
             conversation = await tx.conversation(tenant, conversation_id)
             if conversation is None:
                 return False
@@ -105,7 +106,7 @@ async def record_answer(
             await tx.append_messages(conversation_id, length, [record])
             await tx.set_relayed_answer(conversation_id, length, asked_at)
             if paths:
-                await asyncio.to_thread(batch.publish, paths)
+                await batch.publish(tx, paths)
         return True
     finally:
         if batch.holds_files:

@@ -28,15 +28,14 @@ import bisect
 import logging
 import math
 import re
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.engine import tokens
 from proxy.engine.render import neutralise_summary_tags, timestamp
-from proxy.engine.terms import Matcher, Term, fts_match, query_terms, token_positions
+from proxy.engine.terms import Matcher, Term, query_terms, token_positions
 from proxy.redaction import redact_credentials
-from proxy.store.sqlite import Queries, SQLiteStore
+from proxy.store.base import Phrase, Store
 
 log = logging.getLogger("lcm_proxy.auto_recall")
 
@@ -266,17 +265,17 @@ def build_block(candidates: Sequence[Candidate], terms: Sequence[Term], max_toke
 
 
 async def _search(
-    store: SQLiteStore, conversation_id: str, before_seq: int, terms: Sequence[Term]
+    store: Store, conversation_id: str, before_seq: int, terms: Sequence[Term]
 ) -> list[tuple[int, int, str, str, float]]:
     if not terms or before_seq <= 0:
         return []
     try:
-        # Full-text search may run long: on the search connection's thread, not on the event loop.
-        return await Queries(store.search_conn).search_messages(
-            conversation_id, fts_match(terms), before_seq, MAX_CANDIDATES, max_chars=MAX_SCAN_CHARS
+        phrases = [Phrase(term.parts, term.prefix) for term in terms]
+        return await store.search.search_messages(
+            conversation_id, phrases, before_seq, MAX_CANDIDATES, max_chars=MAX_SCAN_CHARS
         )
-    except sqlite3.OperationalError as error:  # auto-recall is an aid: a failed search only leaves it out
-        log.warning("auto-recall: the search failed (%s)", error)
+    except Exception as error:  # auto-recall is an aid: a failed search (any store's error) only leaves it out
+        log.warning("auto-recall: the search failed (%s)", type(error).__name__)
         return []
 
 
@@ -284,7 +283,7 @@ def _large(rows: Sequence[tuple[int, int, str, str, float]]) -> bool:
     return sum(len(row[3]) for row in rows) > OFF_LOOP_CHARS
 
 
-async def find_candidates(store: SQLiteStore, conversation_id: str, before_seq: int, query: str) -> list[Candidate]:
+async def find_candidates(store: Store, conversation_id: str, before_seq: int, query: str) -> list[Candidate]:
     """Messages of ``conversation_id`` before ``before_seq`` that match ``query``, best first."""
     terms = query_terms(query)
     rows = await _search(store, conversation_id, before_seq, terms)
@@ -300,9 +299,7 @@ def _rank_and_build(
     return build_block(candidates, terms, max_tokens) if candidates else None
 
 
-async def recall_block(
-    store: SQLiteStore, conversation_id: str, before_seq: int, query: str, max_tokens: int
-) -> str | None:
+async def recall_block(store: Store, conversation_id: str, before_seq: int, query: str, max_tokens: int) -> str | None:
     """The recalled-history block for ``query`` (the newest user message's text), from messages of
     ``conversation_id`` with seq < before_seq (the ones not forwarded raw), within max_tokens
     (tokens.count_text of the returned string). None when nothing relevant is found or max_tokens is too small."""

@@ -28,13 +28,14 @@ from proxy.config import LcmSettings
 from proxy.engine import budget
 from proxy.engine.assemble import required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
+from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.lease import CompactionLeases
 from proxy.engine.passes import SummaryWriter
 from proxy.engine.plan import Plan
 from proxy.engine.render import summary_tokens
-from proxy.engine.summarize import Guard, Summarizer, SummarizerUnavailable, SummaryPreempted
+from proxy.engine.summarize import Guard, Summarizer, SummaryPreempted
+from proxy.store.base import Reads, Store
 from proxy.store.records import ConversationRecord, SummaryRecord
-from proxy.store.sqlite import Queries, SQLiteStore
 
 TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of a long run of tool results
 
@@ -58,7 +59,7 @@ def tail_start(roles: Sequence[str], costs: Sequence[int], offset: int, count: i
     return start
 
 
-async def covering_prefix(q: Queries, top: Sequence[SummaryRecord], limit: int) -> tuple[list[SummaryRecord], int]:
+async def covering_prefix(q: Reads, top: Sequence[SummaryRecord], limit: int) -> tuple[list[SummaryRecord], int]:
     """The summaries that cover the longest prefix of messages [0, limit), descending into condensed nodes
     that reach past ``limit``. Used for forks and for requests that re-send an earlier point."""
     out: list[SummaryRecord] = []
@@ -97,7 +98,7 @@ class SweepReport:
 
 
 class Compactor:
-    def __init__(self, store: SQLiteStore, settings: LcmSettings, guard: Guard) -> None:
+    def __init__(self, store: Store, settings: LcmSettings, guard: Guard) -> None:
         self.store = store
         self.settings = settings
         self.guard = guard
@@ -163,6 +164,7 @@ class Compactor:
             return True
         conversation_id = plan.conversation.id
         async with self.store.write() as tx:
+            await tx.lock_conversation(conversation_id)
             current = await tx.conversation(None, conversation_id)
             ids = [s.id for s in await tx.context_summaries(conversation_id)]
             if (

@@ -25,16 +25,15 @@ from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, r
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
+from proxy.engine.errors import ContextTooLong
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import content_text, render_summaries
 from proxy.engine.summarize import SWEEP_MODE, Guard, Summarizer, Yielding
-from proxy.errors import ContextLengthExceeded
-from proxy.store.files import FileStore
+from proxy.store.base import Blobs, Store
 from proxy.store.records import ConversationRecord
-from proxy.store.sqlite import SQLiteStore
 from proxy.types import Message, Messages
 
 __all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
@@ -81,7 +80,7 @@ class Preparation:
 
 
 class ContextEngine:
-    def __init__(self, store: SQLiteStore, files: FileStore, settings: LcmSettings) -> None:
+    def __init__(self, store: Store, files: Blobs, settings: LcmSettings) -> None:
         self.store = store
         self.files = files
         self.settings = settings
@@ -266,18 +265,18 @@ class ContextEngine:
         assert conversation is not None
         return conversation
 
-    def _too_large(self, needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextLengthExceeded:
+    def _too_large(self, needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
         b = request_budget
-        return ContextLengthExceeded(
+        return ContextTooLong(
             f"The newest user message and what follows it need {needed} tokens, but only {limit} are available "
             f"for messages: {b.arithmetic(instructions)}. Lower "
             f"{b.reserve_source}, shorten the message, or use a model with a larger window.",
             param="messages",
         )
 
-    def _no_room(self, limit: int, request_budget: Budget, instructions: int) -> ContextLengthExceeded:
+    def _no_room(self, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
         b = request_budget
-        return ContextLengthExceeded(
+        return ContextTooLong(
             f"{b.reserve_source} {b.output_reserve} leaves no room for messages in this model's context window of "
             f"{b.window} tokens: {b.arithmetic(instructions)} = {limit}. Lower {b.reserve_source}.",
             param=b.reserve_source,
@@ -366,6 +365,7 @@ class ContextEngine:
         if await self.store.read.context_summaries(fork_id):
             return
         async with self.store.write() as tx:
+            await tx.lock_conversation(fork_id)
             fork = await tx.conversation(None, fork_id)
             if fork is None or fork.fork_seq is None or await tx.context_summaries(fork_id):
                 return

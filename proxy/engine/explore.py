@@ -97,6 +97,11 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _name(error: BaseException) -> str:
+    """What a log line says of a swallowed exception: its class, never its message (which may quote the input)."""
+    return type(error).__name__
+
+
 def _line_count(text: str) -> int:
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
@@ -127,7 +132,10 @@ def classify(name: str, mime: str | None, content: str) -> Kind:
         try:
             if isinstance(json.loads(content), dict | list):
                 return "json"
-        except Exception:
+        except Exception as error:
+            log.debug(
+                "classify: %d chars are not one JSON document (%s); trying JSON Lines", len(content), _name(error)
+            )
             # JSON Lines: the first two lines each hold an object.
             first = [line for line in itertools.islice(content.splitlines(), 50) if line.strip()][:2]
             if len(first) == 2 and all(_is_json_object(line) for line in first):
@@ -140,7 +148,8 @@ def classify(name: str, mime: str | None, content: str) -> Kind:
 def _is_json_object(line: str) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except Exception:
+    except Exception as error:
+        log.debug("classify: a %d-character line is no JSON value (%s)", len(line), _name(error))
         return False
 
 
@@ -216,8 +225,8 @@ def _explore_json(content: str) -> list[str]:
     try:
         if len(content) <= PARSE_LIMIT:
             return _describe_tree("Kind: JSON document", json.loads(content))
-    except Exception:
-        pass
+    except Exception as error:
+        log.debug("%d characters are no JSON document (%s); reading JSON Lines", len(content), _name(error))
     # JSON Lines: one value per line. Parse a prefix only; the record count still covers everything.
     records = [json.loads(line) for line in content[:SNIFF_LIMIT].splitlines()[:2000] if line.strip()]
     total = sum(1 for line in content.splitlines() if line.strip())
@@ -293,7 +302,8 @@ def explore_structured(kind: str, content: str, max_chars: int = 1600) -> str:
     explorers = {"json": _explore_json, "csv": _explore_csv, "yaml": _explore_yaml, "xml": _explore_xml}
     try:
         return _finish(explorers[kind](content), max_chars)
-    except Exception:
+    except Exception as error:  # malformed or hostile input: excerpts describe it instead
+        log.debug("%d characters could not be explored as %s (%s); excerpts", len(content), kind, _name(error))
         return explore_text_fallback(content, max_chars, note=f"could not be parsed as {kind.upper()}")
 
 
@@ -382,7 +392,8 @@ def explore_code(name: str, content: str, max_chars: int = 2000) -> str:
         if language == "Python":
             try:
                 outline = _python_outline(head)
-            except Exception:  # SyntaxError, or RecursionError on absurd nesting: use the regexes
+            except Exception as error:  # SyntaxError, or RecursionError on absurd nesting: use the regexes
+                log.debug("%d characters of Python do not parse (%s); outline by pattern", len(head), _name(error))
                 lines.append("(not valid Python; outline by pattern matching)")
         imports, signatures = outline or _pattern_outline(head)
         lines.append(f"Imports ({len(imports)}):")
@@ -390,7 +401,8 @@ def explore_code(name: str, content: str, max_chars: int = 2000) -> str:
         lines.append(f"Top-level declarations ({len(signatures)}):")
         lines += [f"  {_clip(line, 160)}" for line in signatures[:40]] + (["  …"] if len(signatures) > 40 else [])
         return _finish(lines, max_chars)
-    except Exception:
+    except Exception as error:  # the pattern outline is not expected to fail: a bug, or input it never met
+        log.warning("the code outline of %d characters failed (%s); excerpts", len(content), _name(error))
         return explore_text_fallback(content, max_chars, note="code outline failed")
 
 
@@ -452,7 +464,8 @@ def explore_text_fallback(content: str, max_chars: int = 1600, *, note: str = ""
         elif size:
             lines += ["Beginning:", _head(content, size), "…", "End:", _tail(content, size)]
         return _finish(lines, max_chars)
-    except Exception:
+    except Exception as error:  # the last fallback must not fail: a bug, or input it never met
+        log.warning("the excerpts of %d characters failed (%s); size only", len(content), _name(error))
         return f"Kind: text (excerpts)\nSize: {len(content)} chars"[:max_chars]
 
 

@@ -35,13 +35,12 @@ import orjson
 from proxy.engine import tokens
 from proxy.engine.canonical import chain_hashes, split_instructions
 from proxy.engine.compaction import covering_prefix
+from proxy.engine.errors import ConversationBusy, NotFound
 from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
 from proxy.engine.summarize import Guard
-from proxy.errors import ConversationBusyError
-from proxy.store.files import FileBatch, FileStore
+from proxy.store.base import BlobBatch, Blobs, Reads, Store, Writes
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
-from proxy.store.sqlite import Queries, SQLiteStore
 from proxy.types import Message, Messages
 
 Action = Literal["none", "new", "append", "same", "earlier", "fork"]
@@ -111,7 +110,7 @@ async def _binary_search(count: int, present: Callable[[int], Awaitable[bool]]) 
     return low
 
 
-async def locate(q: Queries, tenant: str, chains: list[str], key: str | None) -> Located:
+async def locate(q: Reads, tenant: str, chains: list[str], key: str | None) -> Located:
     if key is not None:
         conversation = await q.conversation_by_key(tenant, key)
         if conversation is None:
@@ -133,7 +132,25 @@ async def locate(q: Queries, tenant: str, chains: list[str], key: str | None) ->
     return await _longest_prefix(q, tenant, chains, None)
 
 
-async def _longest_prefix(q: Queries, tenant: str, chains: list[str], among: list[str] | None) -> Located:
+async def locate_locked(tx: Writes, tenant: str, chains: list[str], key: str | None) -> Located:
+    """``locate`` inside a write transaction, holding the locks that make its answer final until the commit:
+    the identity locks (the client's key, the first message's chain: every conversation this transcript could
+    continue starts with it) so that concurrent first requests create one conversation, then the lock of the
+    conversation found, re-reading once it is held (another replica may have written it meanwhile)."""
+    for identity in sorted({k for k in (key, chains[0] if chains else None) if k is not None}):
+        await tx.lock_identity(tenant, identity)
+    held: set[str] = set()
+    while True:
+        located = await locate(tx, tenant, chains, key)
+        found = located.conversation
+        if found is None or found.id in held or len(held) >= 4:
+            return located
+        held.add(found.id)
+        if not await tx.lock_conversation(found.id):
+            return located  # this store's writers are serialised: nothing can have changed
+
+
+async def _longest_prefix(q: Reads, tenant: str, chains: list[str], among: list[str] | None) -> Located:
     """The conversation (of ``among``, or of the whole tenant) sharing the longest prefix with ``chains``."""
 
     async def present(i: int) -> bool:
@@ -151,7 +168,7 @@ async def _longest_prefix(q: Queries, tenant: str, chains: list[str], among: lis
     return Located(best, common)
 
 
-async def replaces_relayed_answer(q: Queries, located: Located, transcript: Messages) -> bool:
+async def replaces_relayed_answer(q: Reads, located: Located, transcript: Messages) -> bool:
     """Whether the request differs from its conversation only in the answer the proxy relayed and stored last
     (``proxy.engine.answers``): the client's version then replaces it."""
     conversation, common = located.conversation, located.common
@@ -163,9 +180,7 @@ async def replaces_relayed_answer(q: Queries, located: Located, transcript: Mess
 
 
 class Ingestor:
-    def __init__(
-        self, store: SQLiteStore, files: FileStore, thresholds: Thresholds, guard: Guard | None = None
-    ) -> None:
+    def __init__(self, store: Store, files: Blobs, thresholds: Thresholds, guard: Guard | None = None) -> None:
         self.store = store
         self.files = files
         self.thresholds = thresholds
@@ -282,14 +297,14 @@ class Ingestor:
         """Run ``commit`` (one write transaction) until it finds every message it needs prepared."""
         for _attempt in range(5):
             try:
-                # Shielded: a cancelled request must not abandon a half-written unit (see SQLiteStore.write).
+                # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
                 return await asyncio.shield(commit())
             except _NeedsPreparation as missing:
                 # Another request moved the conversation meanwhile: prepare the extra messages outside the
                 # write lock (interception may call the summarizer), then decide again.
                 for i in missing.indices:
                     await prepare(i)
-        raise ConversationBusyError(
+        raise ConversationBusy(
             "Other requests kept changing this conversation while this one was stored; send it again."
         )
 
@@ -303,10 +318,10 @@ class Ingestor:
         prepared: dict[int, tuple[Interception, NewMessage]],
         explorations: dict[str, str],
         model: str | None,
-        batch: FileBatch,
+        batch: BlobBatch,
     ) -> tuple[str, Action, int, str | None]:
         async with self.store.write() as tx:
-            located = await locate(tx, tenant, chains, key)
+            located = await locate_locked(tx, tenant, chains, key)
             action = located.action(len(transcript))
             if action == "fork" and await replaces_relayed_answer(tx, located, transcript):
                 # The client re-sent the answer the proxy stored when it relayed it, in its own version: the
@@ -375,13 +390,13 @@ class Ingestor:
                 if paths:
                     # Last, before the commit: a committed row never names a missing file, and a unit that failed
                     # before this point published nothing (its pending files are discarded by the caller).
-                    await asyncio.to_thread(batch.publish, paths)
+                    await batch.publish(tx, paths)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from
 
     def file_record(
-        self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: FileBatch
+        self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: BlobBatch
     ) -> FileRecord:
         # Every payload of a prepared message was added to the batch by prepare_message, which hashed it there.
         sha, path = batch.location(payload.file_id) or batch.add(payload.data, payload.file_id)
@@ -435,7 +450,7 @@ class Ingestor:
         return explore
 
     async def prepare_message(
-        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: FileBatch
+        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch
     ) -> tuple[Interception, NewMessage]:
         # Interception, patching, counting and hashing are CPU work proportional to the message (a message may
         # carry thousands of base64 parts): a large message is handled in a worker thread, in two passes around
@@ -459,7 +474,7 @@ class Ingestor:
         return interception, record
 
     @staticmethod
-    def _message_record(message: Message, chain: str, interception: Interception, batch: FileBatch) -> NewMessage:
+    def _message_record(message: Message, chain: str, interception: Interception, batch: BlobBatch) -> NewMessage:
         for payload in interception.payloads:
             batch.add(payload.data, payload.file_id)
         forwarded = apply_patches(message, interception.forward_patches)
@@ -575,26 +590,18 @@ def searchable_text(message: Message, interception: Interception) -> str:
     return "\n".join(parts)
 
 
-async def export_conversation(
-    store: SQLiteStore, files: FileStore, tenant: str | None, conversation_id: str
-) -> Messages:
+async def export_conversation(store: Store, files: Blobs, tenant: str | None, conversation_id: str) -> Messages:
     """The transcript exactly as the client last sent it: instructions + restored messages."""
     q = store.read
     conversation = await q.conversation(tenant, conversation_id)
     if conversation is None:
-        raise KeyError(conversation_id)
-    paths: dict[str, str] = {}
-
-    def read_file(file_id: str) -> bytes:
-        return files.read(paths[file_id])
-
+        raise NotFound(f"no conversation {conversation_id}")
     out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
     for record in await q.messages(conversation_id):
         original = orjson.loads(record.original_json)
         if record.payload_paths:
-            for f in await q.files_of_message(record.id):
-                paths[f.id] = f.path
-            original = restore(original, orjson.loads(record.payload_paths), read_file)
+            contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
+            original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
         out.append(original)
     return out
 

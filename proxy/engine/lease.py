@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.base import Store
 
 log = logging.getLogger("lcm_proxy.engine")
 
@@ -33,7 +33,7 @@ POLL_SECONDS = 0.1  # how often a waiting sweep looks at the lease again
 
 
 class CompactionLeases:
-    def __init__(self, store: SQLiteStore, ttl: float = LEASE_SECONDS) -> None:
+    def __init__(self, store: Store, ttl: float = LEASE_SECONDS) -> None:
         self.store = store
         self.ttl = ttl
         self.process = f"{socket.gethostname()}:{os.getpid()}"

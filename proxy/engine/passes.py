@@ -37,8 +37,8 @@ from proxy.engine.summarize import (
     leaf_prompt,
     summarize,
 )
+from proxy.store.base import Store
 from proxy.store.records import MessageRecord, SummaryRecord
-from proxy.store.sqlite import SQLiteStore
 
 
 def new_summary_id() -> str:
@@ -46,7 +46,7 @@ def new_summary_id() -> str:
 
 
 class SummaryWriter:
-    def __init__(self, store: SQLiteStore, settings: LcmSettings, guard: Guard) -> None:
+    def __init__(self, store: Store, settings: LcmSettings, guard: Guard) -> None:
         self.store = store
         self.settings = settings
         self.guard = guard

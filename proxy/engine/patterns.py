@@ -18,12 +18,10 @@ from typing import Any
 
 import re2
 
+from proxy.engine.errors import UnsafePattern as UnsafePattern  # re-exported: the compiler's callers catch it
+
 MAX_PATTERN_CHARS = 300
 MAX_PATTERN_MEMORY = 8 << 20  # bytes a compiled pattern may use (RE2's max_mem)
-
-
-class UnsafePattern(ValueError):
-    """The pattern is refused; the message says why, for the caller to fix it."""
 
 
 def _options() -> Any:

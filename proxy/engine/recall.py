@@ -26,12 +26,12 @@ from typing import Any
 import orjson
 
 from proxy.engine import patterns, tokens
+from proxy.engine.errors import RecallError, UnsafePathError, UnsafePattern
 from proxy.engine.plan import view_message
 from proxy.engine.render import neutralise_summary_tags, render_message, timestamp
 from proxy.engine.summarize import Summarizer
-from proxy.store.files import FileStore, UnsafePathError
+from proxy.store.base import Blobs, Phrase, Store
 from proxy.store.records import FileRecord, SummaryRecord
-from proxy.store.sqlite import SQLiteStore
 
 log = logging.getLogger("lcm_proxy.recall")
 
@@ -134,15 +134,6 @@ def clip_to_tokens(text: str, cap: int) -> str:
     return clipped + "\n[… result cut to fit the context; ask for a narrower range]"
 
 
-class RecallError(Exception):
-    """A tool call the model can fix (bad id, bad pattern, out of scope): reported back as text to the
-    model; the admin API and the CLI report it as a bad request naming ``param``."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 def _int(args: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
     value = args.get(key, default)
     if value is None:
@@ -152,11 +143,11 @@ def _int(args: dict[str, Any], key: str, default: int, low: int, high: int) -> i
     return max(low, min(high, int(value)))
 
 
-def fts_query(text: str) -> str:
-    """A user's words as a safe FTS5 query: each word quoted (no operator or syntax error can slip in) and
-    OR-ed, so bm25 ranks the messages that share the most of them first."""
-    words = [w for w in re.findall(r"\w+", text) if w.upper() not in ("AND", "OR", "NOT", "NEAR")][:16]
-    return " OR ".join('"' + w + '"' for w in words) or '""'
+def search_phrases(text: str) -> list[Phrase]:
+    """A user's words as full-text search terms, OR-ed, so the store ranks the messages that share the most of
+    them first. Words are letters and digits only: no store's query syntax can slip in."""
+    words = [w.lower() for w in re.findall(r"[^\W_]+", text) if w.upper() not in ("AND", "OR", "NOT", "NEAR")]
+    return [Phrase((w,)) for w in words[:16]]
 
 
 @dataclass(frozen=True)
@@ -183,16 +174,9 @@ class Scope:
     def sees_summary(self, summary: SummaryRecord) -> bool:
         return any(c == summary.conversation_id and summary.end_seq <= n for c, n in self.bounds)
 
-    def where(self, conversation_column: str, position: str) -> tuple[str, tuple[Any, ...]]:
-        """SQL condition and arguments: ``position`` (``m.seq <`` or ``s.end_seq <=``) within the bounds."""
-        if not self.bounds:
-            return "0", ()
-        clause = " OR ".join(f"({conversation_column} = ? AND {position} ?)" for _ in self.bounds)
-        return f"({clause})", tuple(v for pair in self.bounds for v in pair)
-
 
 class RecallTools:
-    def __init__(self, store: SQLiteStore, files: FileStore) -> None:
+    def __init__(self, store: Store, files: Blobs) -> None:
         self.store = store
         self.files = files
 
@@ -242,20 +226,14 @@ class RecallTools:
 
     async def _file(self, scope: Scope, file_id: str) -> FileRecord:
         record = await self.store.read.file(scope.tenant, file_id)
-        visible, args = scope.where("m.conversation_id", "m.seq <")
-        in_scope = record is not None and await _fetch(
-            self.store.search_conn,
-            "SELECT 1 FROM message_files mf JOIN messages m ON m.id = mf.message_id WHERE mf.file_id = ?"
-            f" AND {visible} LIMIT 1",
-            (file_id, *args),
-        )
+        in_scope = record is not None and await self.store.search.file_visible(file_id, scope.bounds)
         if record is None or not in_scope:
             raise RecallError(f"no stored file {file_id} in this conversation")
         return record
 
-    def _read(self, record: FileRecord) -> bytes:
+    async def _read(self, record: FileRecord) -> bytes:
         try:
-            return self.files.read(record.path)
+            return await self.files.load(record.path)
         except (UnsafePathError, OSError) as error:
             raise RecallError(f"the content of {record.id} cannot be read") from error
 
@@ -278,92 +256,69 @@ class RecallTools:
         if mode == "regex":
             try:
                 compiled = await asyncio.to_thread(patterns.compile_pattern, pattern)
-            except patterns.UnsafePattern as error:
+            except UnsafePattern as error:
                 raise RecallError(str(error), param="pattern") from None
-        conn = self.store.search_conn
+        search = self.store.search
         candidates: list[tuple[str, str, str]] = []  # (kind, label, text), in the order hits are wanted
         if where in ("all", "messages"):
             conversation_id, upto = scope.current
             if mode == "full_text":
-                sql = (
-                    "SELECT m.id, m.seq, m.role, m.text FROM messages_fts f JOIN messages m ON m.id = f.rowid"
-                    " WHERE messages_fts MATCH ? AND m.conversation_id = ? AND m.seq < ?"
-                    " ORDER BY bm25(messages_fts) LIMIT ?"
-                )
-                rows = await _fetch(conn, sql, (fts_query(pattern), conversation_id, upto, limit))
+                found = await search.search_messages(conversation_id, search_phrases(pattern), upto, limit)
             else:
                 # A fork holds a copy of the prefix it shares with its ancestors: its own messages are all of
-                # the messages it may see.
-                sql = "SELECT id, seq, role, text FROM messages WHERE conversation_id = ? AND seq < ? ORDER BY seq DESC"
-                rows = await _fetch(conn, sql, (conversation_id, upto))
-            candidates += [("message", f"msg_{i} ({role}, message {seq})", text) for i, seq, role, text in rows]
+                # the messages it may see. A pattern that is plain text lets the store narrow the scan.
+                literal = pattern if re.fullmatch(r"[A-Za-z0-9_ ,:;/@#'\"=-]{3,}", pattern) else None
+                found = await search.scan_messages(conversation_id, upto, literal=literal)
+            candidates += [("message", f"msg_{i} ({role}, message {seq})", text) for i, seq, role, text, _ in found]
         if where in ("all", "summaries"):
-            visible, visible_args = scope.where("s.conversation_id", "s.end_seq <=")
             if mode == "full_text":
-                sql = (
-                    "SELECT s.id, s.kind, s.depth, s.content FROM summaries_fts f JOIN summaries s ON s.pk = f.rowid"
-                    f" WHERE summaries_fts MATCH ? AND {visible} ORDER BY bm25(summaries_fts) LIMIT ?"
-                )
-                rows = await _fetch(conn, sql, (fts_query(pattern), *visible_args, limit))
+                summaries = await search.search_summaries(search_phrases(pattern), scope.bounds, limit)
             else:
-                sql = f"SELECT s.id, s.kind, s.depth, s.content FROM summaries s WHERE {visible} ORDER BY s.pk DESC"
-                rows = await _fetch(conn, sql, visible_args)
-            candidates += [("summary", f"{i} ({kind} summary, depth {depth})", text) for i, kind, depth, text in rows]
+                summaries = await search.scan_summaries(scope.bounds)
+            candidates += [("summary", f"{s.id} ({s.kind} summary, depth {s.depth})", s.content) for s in summaries]
         file_records: list[FileRecord] = []
         if where in ("all", "files"):
-            visible, visible_args = scope.where("m.conversation_id", "m.seq <")
-            sql = (
-                "SELECT DISTINCT f.id FROM files f JOIN message_files mf ON mf.file_id = f.id JOIN messages m ON"
-                f" m.id = mf.message_id WHERE f.tenant = ? AND {visible}"
-            )
-            for (file_id,) in await _fetch(conn, sql, (scope.tenant, *visible_args)):
+            for file_id in await search.visible_file_ids(scope.tenant, scope.bounds):
                 record = await self.store.read.file(scope.tenant, file_id)
                 if record is not None and record.kind != "base64":
                     file_records.append(record)
-        # Matching runs in one worker thread with one deadline for the whole call: a model-chosen pattern
-        # must stall neither the event loop nor the request past GREP_DEADLINE.
-        hits = await asyncio.to_thread(self._match_all, compiled, pattern, candidates, file_records, limit)
+        # Matching runs in a worker thread with one deadline for the whole call: a model-chosen pattern must
+        # stall neither the event loop nor the request past GREP_DEADLINE.
+        deadline = time.monotonic() + GREP_DEADLINE
+        hits = await asyncio.to_thread(self._match_all, compiled, pattern, candidates, limit, deadline)
+        for record in file_records:
+            if len(hits) >= limit:
+                break
+            text = (await self._read(record))[:MAX_FILE_SCAN].decode("utf-8", "replace")
+            hit = await asyncio.to_thread(self._match_file, compiled, pattern, record, text, deadline)
+            if hit is not None:
+                hits.append(hit)
         if not hits:
             return f"No matches for {pattern!r} ({mode})."
         return f"{len(hits)} match(es) for {pattern!r}:\n" + "\n".join(hits)
 
+    @staticmethod
     def _match_all(
-        self,
-        compiled: Any,
-        pattern: str,
-        candidates: Iterable[tuple[str, str, str]],
-        file_records: list[FileRecord],
-        limit: int,
+        compiled: Any, pattern: str, candidates: Iterable[tuple[str, str, str]], limit: int, deadline: float
     ) -> list[str]:
-        deadline = time.monotonic() + GREP_DEADLINE
-
-        def in_time() -> None:
-            if time.monotonic() > deadline:
-                raise RecallError(
-                    f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope", param="pattern"
-                )
-
-        def match(text: str) -> tuple[int, int] | None:
-            in_time()
-            return patterns.search(compiled, text)
-
         hits: list[str] = []
         for _kind, label, text in candidates:
             if len(hits) >= limit:
                 return hits
-            span = match(text) if compiled is not None else (0, 0)
+            _in_time(deadline)
+            span = patterns.search(compiled, text) if compiled is not None else (0, 0)
             if span is not None:
                 hits.append(f"- {label}: {_snippet(text, span, pattern)}")
-        for record in file_records:
-            if len(hits) >= limit:
-                break
-            in_time()  # full-text mode reads every file in scope: the deadline holds there too
-            text = self._read(record)[:MAX_FILE_SCAN].decode("utf-8", "replace")
-            span = match(text) if compiled is not None else _word_span(text, pattern)
-            if span is not None:
-                line = text.count("\n", 0, span[0]) + 1
-                hits.append(f"- {record.id} ({record.name}, line {line}): {_snippet(text, span, pattern)}")
         return hits
+
+    @staticmethod
+    def _match_file(compiled: Any, pattern: str, record: FileRecord, text: str, deadline: float) -> str | None:
+        _in_time(deadline)  # full-text mode reads every file in scope: the deadline holds there too
+        span = patterns.search(compiled, text) if compiled is not None else _word_span(text, pattern)
+        if span is None:
+            return None
+        line = text.count("\n", 0, span[0]) + 1
+        return f"- {record.id} ({record.name}, line {line}): {_snippet(text, span, pattern)}"
 
     async def describe(self, scope: Scope, args: dict[str, Any]) -> str:
         item_id = str(args.get("id") or "").strip()
@@ -372,15 +327,12 @@ class RecallTools:
         if item_id.startswith("sum_"):
             return await self._describe_summary(scope, await self._summary(scope, item_id))
         if item_id.startswith("file_"):
-            return self._describe_file(await self._file(scope, item_id), args)
+            return await self._describe_file(await self._file(scope, item_id), args)
         return await self._describe_message(scope, int(item_id[4:]))
 
     async def _describe_summary(self, scope: Scope, summary: SummaryRecord) -> str:
-        conn = self.store.search_conn
         parents = []
-        for (parent_id,) in await _fetch(
-            conn, "SELECT summary_id FROM summary_sources WHERE child_summary_id = ?", (summary.id,)
-        ):
+        for parent_id in await self.store.read.parent_summary_ids(summary.id):
             parent = await self.store.read.summary(parent_id)
             if parent is not None and scope.sees_summary(parent):  # a later node of an ancestor is not ours
                 parents.append(parent_id)
@@ -400,7 +352,7 @@ class RecallTools:
         lines += ["", "Content:", summary.content]
         return "\n".join(lines)
 
-    def _describe_file(self, record: FileRecord, args: dict[str, Any]) -> str:
+    async def _describe_file(self, record: FileRecord, args: dict[str, Any]) -> str:
         max_bytes = _int(args, "max_bytes", 20000, 100, 200000)
         header = [
             f"File {record.id}: {record.name} ({record.mime}), {record.bytes} bytes, stored {timestamp(record.created_at)}",
@@ -409,7 +361,7 @@ class RecallTools:
             header += ["Exploration summary:", record.exploration]
         if record.kind == "base64":
             return "\n".join([*header, "(binary content: not shown as text)"])
-        text = self._read(record).decode("utf-8", "replace")
+        text = (await self._read(record)).decode("utf-8", "replace")
         lines = text.splitlines(keepends=True)
         first, last = args.get("start_line"), args.get("end_line")
         if type(first) is int and type(last) is int and last < first:
@@ -478,14 +430,8 @@ class RecallTools:
         ids = [i for i in (args.get("ids") or []) if isinstance(i, str)]
         if not ids:
             query = args.get("query") or prompt
-            visible, visible_args = scope.where("s.conversation_id", "s.end_seq <=")
-            found = await _fetch(
-                self.store.search_conn,
-                "SELECT s.id FROM summaries_fts f JOIN summaries s ON s.pk = f.rowid WHERE summaries_fts MATCH ?"
-                f" AND {visible} ORDER BY bm25(summaries_fts) LIMIT 5",
-                (fts_query(str(query)), *visible_args),
-            )
-            ids = [row[0] for row in found]
+            found = await self.store.search.search_summaries(search_phrases(str(query)), scope.bounds, 5)
+            ids = [s.id for s in found]
         if not ids:
             return "No summaries match; try lcm_grep with other words."
         sources: list[str] = []
@@ -519,9 +465,11 @@ class RecallTools:
         return f"{answer.strip()}\n\n(Sources: {', '.join(ids[:8])})"
 
 
-async def _fetch(conn: Any, sql: str, args: tuple[Any, ...]) -> list[Any]:
-    async with conn.execute(sql, args) as cursor:
-        return list(await cursor.fetchall())
+def _in_time(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise RecallError(
+            f"the search took longer than {GREP_DEADLINE:g} s; narrow the pattern or the scope", param="pattern"
+        )
 
 
 def _word_span(text: str, words: str) -> tuple[int, int] | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy.engine import tokens
+from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.facts import clean_generation
 from proxy.engine.injection import remove_instruction_overrides
 from proxy.engine.render import strip_reasoning
@@ -39,10 +40,6 @@ class Summarizer(Protocol):
     model: str
 
     async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str: ...
-
-
-class SummarizerUnavailable(Exception):
-    """The summary model refused our credentials (or its breaker is open): write no summary."""
 
 
 class SummaryPreempted(Exception):
@@ -177,6 +174,7 @@ async def summarize(
     if summarizer is None:
         return None
     if guard.breaker_open(summarizer.model):
+        log.debug("%s summary of %s: the breaker of %s is open; no summary", kind, conversation_id, summarizer.model)
         raise SummarizerUnavailable(f"summary model {summarizer.model} is refusing credentials")
     for level, (system, task) in enumerate(prompts):
         if not guard.take_call(conversation_id):
@@ -197,6 +195,10 @@ async def summarize(
         except UpstreamError as error:
             if error.status in AUTH_STATUSES:
                 guard.trip(summarizer.model)
+                log.warning(
+                    "%s summary of %s: HTTP %s, the summary model refuses its credentials; none for %.0f s (%s)",
+                    kind, conversation_id, error.status, BREAKER_SECONDS, sizes,
+                )  # fmt: skip
                 raise SummarizerUnavailable(error.message) from error
             log.warning("%s summary of %s failed: HTTP %s %s (%s)", kind, conversation_id, error.status, error, sizes)
             return None  # 429/5xx/400: retrying now would only add latency

@@ -53,9 +53,6 @@ class Term:
     prefix: bool
     weight: float
 
-    def fts(self) -> str:
-        return '"' + " ".join(self.parts) + '"' + ("*" if self.prefix else "")
-
 
 def _fold(word: str) -> str:
     """Lowercase without diacritics, as the ``unicode61 remove_diacritics 2`` tokenizer folds."""
@@ -140,12 +137,6 @@ def query_terms(query: str) -> list[Term]:
                 add((folded,), False, weight + EXACT_FORM_BONUS, position)
     ordered = sorted(found.items(), key=lambda item: (-item[1][0], item[1][1]))
     return [Term(parts, prefix, weight) for (parts, prefix), (weight, _) in ordered[:MAX_TERMS]]
-
-
-def fts_match(terms: Sequence[Term]) -> str:
-    """The FTS5 query for ``terms``: each quoted (parts are letters and digits only, so nothing in them is
-    syntax), OR-ed."""
-    return " OR ".join(term.fts() for term in terms)
 
 
 class Matcher:

@@ -28,18 +28,26 @@ process's first write also deletes the pending files of dead ones (all of them w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import secrets
+import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from proxy.engine.errors import UnsafePathError
+
+if TYPE_CHECKING:
+    from proxy.store.base import Writes
 
 try:
     import fcntl
@@ -51,10 +59,6 @@ PENDING_MAX_AGE = 600.0  # seconds: pending files this old belong to a process t
 WRITERS = "lcm.writers.lock"  # in the data directory: the lock every process that writes payloads holds (shared)
 LEGACY_TEMP = ".tmp-"  # the prefix of temporary files next to their final name, before the pending folder
 SYNCFS_BATCH = 16  # from this many files on, one syncfs(2) instead of an fsync per file (Linux)
-
-
-class UnsafePathError(Exception):
-    pass
 
 
 class BatchClosedError(Exception):
@@ -149,7 +153,7 @@ class FileStore:
         try:
             sha, relative = batch.add(data)
             batch.write()
-            batch.publish([relative])
+            batch.publish_now([relative])
         finally:
             batch.discard()
         return sha, relative
@@ -267,6 +271,34 @@ class FileStore:
     def read(self, relative: str) -> bytes:
         return self.resolve(relative).read_bytes()
 
+    async def load(self, path: str) -> bytes:
+        return await asyncio.to_thread(self.read, path)
+
+    async def check(self, files: Sequence[tuple[str, str, str]], *, verify_hashes: bool) -> list[str]:
+        return await asyncio.to_thread(self._check, files, verify_hashes)
+
+    def _check(self, files: Sequence[tuple[str, str, str]], verify_hashes: bool) -> list[str]:
+        problems: list[str] = []
+        for file_id, path, sha in files:
+            try:
+                resolved = self.resolve(path)
+            except UnsafePathError as error:
+                problems.append(f"{file_id}: unsafe path {path!r} ({error})")
+                continue
+            if not resolved.is_file():
+                problems.append(f"{file_id}: file {path} is missing")
+                continue
+            mode = stat.S_IMODE(resolved.stat().st_mode)
+            if mode != 0o600:
+                problems.append(f"{file_id}: file {path} has mode {mode:o}, expected 600")
+            for folder in (resolved.parent, self.root):
+                folder_mode = stat.S_IMODE(folder.stat().st_mode)
+                if folder_mode != 0o700:
+                    problems.append(f"{file_id}: folder {folder} has mode {folder_mode:o}, expected 700")
+            if verify_hashes and hashlib.sha256(resolved.read_bytes()).hexdigest() != sha:
+                problems.append(f"{file_id}: content of {path} does not match its sha256")
+        return problems
+
     def exists(self, relative: str) -> bool:
         try:
             return self.resolve(relative).is_file()
@@ -340,7 +372,11 @@ class FileBatch:
             raise
         return written
 
-    def publish(self, relatives: Iterable[str]) -> None:
+    async def publish(self, tx: Writes, paths: Sequence[str]) -> None:
+        """Publish ``paths`` inside ``tx`` (the files are renamed into place just before it commits)."""
+        await asyncio.to_thread(self.publish_now, paths)
+
+    def publish_now(self, relatives: Iterable[str]) -> None:
         """Rename these paths' pending files into place, durably (call before the rows referring to them
         commit). Paths this batch did not write were published before and are left as they are."""
         with self._lock:

@@ -12,7 +12,7 @@ Reads on the request path (``read``) run on a plain ``sqlite3`` connection on th
 are indexed point and range reads served from the page cache in microseconds, and WAL readers never wait
 for writers, while each hop to aiosqlite's thread and back costs ~60 µs — a re-sent one-message
 conversation took 27 hops (1.6 ms of a 1.9 ms ``prepare``). Full-text search, regular-expression scans and
-integrity checks, which can run long, use ``search_conn`` (aiosqlite, its own thread) instead.
+integrity checks, which can run long, use ``search`` (aiosqlite, its own thread) instead.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
-from proxy.errors import StoreBusyError
-from proxy.store.migrations import apply_migrations
+from proxy.engine.errors import StoreBusy
+from proxy.store.migrations import MIGRATIONS, apply_migrations
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, SummaryRecord
+
+if TYPE_CHECKING:
+    from proxy.store.sqlite_search import SQLiteSearches
 
 DB_NAME = "lcm.sqlite3"
 _CONV_COLUMNS = (
@@ -42,7 +45,7 @@ _MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
     "token_count, sent_token_count, chain_hash, created_at, compact_token_count"
 )
-_SUM_COLUMNS = (
+SUM_COLUMNS = (
     "id, conversation_id, kind, depth, start_seq, end_seq, content, token_count, source_token_count, "
     "earliest_at, latest_at, descendant_count, file_ids, summarizer_model, escalation, created_at"
 )
@@ -65,13 +68,13 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
 @contextlib.contextmanager
 def _busy_is_retryable() -> Iterator[None]:
     """The one place where SQLite's "database is locked" (another process held the write lock for longer than
-    ``BUSY_TIMEOUT_MS``: several workers, the operator's CLI) becomes ``StoreBusyError``, a retryable 503,
+    ``BUSY_TIMEOUT_MS``: several workers, the operator's CLI) becomes ``StoreBusy``, a retryable 503,
     instead of an internal error that tells clients never to retry."""
     try:
         yield
     except sqlite3.OperationalError as error:
         if _is_busy(error):
-            raise StoreBusyError() from error
+            raise StoreBusy() from error
         raise
 
 
@@ -224,23 +227,27 @@ class Queries:
 
     async def context_summaries(self, conversation_id: str) -> list[SummaryRecord]:
         rows = await self._all(
-            f"SELECT {', '.join('s.' + c.strip() for c in _SUM_COLUMNS.split(','))} FROM context_items ci"
+            f"SELECT {', '.join('s.' + c.strip() for c in SUM_COLUMNS.split(','))} FROM context_items ci"
             " JOIN summaries s ON s.id = ci.summary_id WHERE ci.conversation_id = ? ORDER BY ci.ordinal",
             (conversation_id,),
         )
         return [SummaryRecord(*r) for r in rows]
 
     async def summary(self, summary_id: str) -> SummaryRecord | None:
-        row = await self._one(f"SELECT {_SUM_COLUMNS} FROM summaries WHERE id = ?", (summary_id,))
+        row = await self._one(f"SELECT {SUM_COLUMNS} FROM summaries WHERE id = ?", (summary_id,))
         return SummaryRecord(*row) if row else None
 
     async def child_summaries(self, summary_id: str) -> list[SummaryRecord]:
         rows = await self._all(
-            f"SELECT {', '.join('s.' + c.strip() for c in _SUM_COLUMNS.split(','))} FROM summary_sources ss"
+            f"SELECT {', '.join('s.' + c.strip() for c in SUM_COLUMNS.split(','))} FROM summary_sources ss"
             " JOIN summaries s ON s.id = ss.child_summary_id WHERE ss.summary_id = ? ORDER BY ss.ordinal",
             (summary_id,),
         )
         return [SummaryRecord(*r) for r in rows]
+
+    async def parent_summary_ids(self, summary_id: str) -> list[str]:
+        rows = await self._all("SELECT summary_id FROM summary_sources WHERE child_summary_id = ?", (summary_id,))
+        return [str(r[0]) for r in rows]
 
     async def roles(self, conversation_id: str, start: int, end: int) -> list[str]:
         rows = await self._all(
@@ -300,21 +307,6 @@ class Queries:
         row = await self._one("SELECT sent_json FROM last_sent WHERE conversation_id = ?", (conversation_id,))
         return str(row[0]) if row else None
 
-    async def search_messages(
-        self, conversation_id: str, match: str, before_seq: int, limit: int, *, max_chars: int = 1 << 30
-    ) -> list[tuple[int, int, str, str, float]]:
-        """(id, seq, role, text, created_at) of the messages of ``conversation_id`` before ``before_seq`` that
-        match the FTS5 query ``match``, best ``bm25`` first (ties: newest first); ``text`` is cut to
-        ``max_chars`` characters. ``match`` must be a safe query (quoted terms): it is passed to FTS5 as is.
-        Full-text search may run long: call it on ``Queries(store.search_conn)``, not on ``store.read``."""
-        rows = await self._all(
-            "SELECT m.id, m.seq, m.role, substr(m.text, 1, ?), m.created_at FROM messages_fts f"
-            " JOIN messages m ON m.id = f.rowid WHERE messages_fts MATCH ? AND m.conversation_id = ? AND m.seq < ?"
-            " ORDER BY bm25(messages_fts), m.seq DESC LIMIT ?",
-            (max_chars, match, conversation_id, before_seq, limit),
-        )
-        return [(int(r[0]), int(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
-
     async def compaction_lease(self, conversation_id: str) -> tuple[str, float] | None:
         """(owner, expires_at) of the compaction lease of ``conversation_id``, expired or not, if there is one."""
         row = await self._one(
@@ -330,7 +322,6 @@ class Queries:
             rows = await self._all(f"SELECT path FROM files WHERE path IN ({','.join('?' * len(chunk))})", chunk)
             known |= {str(r[0]) for r in rows}
         return known
-
 
     async def replaceable_answer(self, conversation_id: str) -> int | None:
         """The seq of the answer the proxy relayed and stored, while it may still be replaced: it is the last
@@ -352,6 +343,17 @@ class WriteTransaction(Queries):
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
+
+    # This store's writers are serialised (one process: ``SQLiteStore._lock``; several: BEGIN IMMEDIATE), so
+    # every transaction already holds every lock.
+    async def lock_identity(self, tenant: str, key: str) -> None:
+        pass
+
+    async def lock_conversation(self, conversation_id: str) -> bool:
+        return False
+
+    async def put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
+        raise TypeError("the SQLite store keeps payloads in files (FileStore), not in the database")
 
     async def create_conversation(
         self,
@@ -455,7 +457,7 @@ class WriteTransaction(Queries):
 
     async def insert_summary(self, record: SummaryRecord, message_ids: Sequence[int], child_ids: Sequence[str]) -> None:
         await self.conn.execute(
-            f"INSERT INTO summaries ({_SUM_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            f"INSERT INTO summaries ({SUM_COLUMNS}) VALUES ({', '.join('?' * 16)})",
             (
                 record.id, record.conversation_id, record.kind, record.depth, record.start_seq, record.end_seq,
                 record.content, record.token_count, record.source_token_count, record.earliest_at, record.latest_at,
@@ -536,6 +538,8 @@ class WriteTransaction(Queries):
 
 
 class SQLiteStore:
+    kind = "sqlite"
+
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.path = data_dir / DB_NAME
@@ -574,10 +578,39 @@ class SQLiteStore:
         return Queries(self._loop_reader)
 
     @property
+    def search(self) -> SQLiteSearches:
+        """Queries that may run long (full-text search, scans, checks), on a reader in its own thread."""
+        from proxy.store.sqlite_search import SQLiteSearches  # it builds on Queries, defined here
+
+        assert self._reader is not None, "store is not open"
+        return SQLiteSearches(self._reader)
+
+    @property
     def search_conn(self) -> aiosqlite.Connection:
-        """A reader in its own thread, for queries that may run long: full-text search, scans, checks."""
+        """The search reader itself, for SQL of this store's own (tests, maintenance)."""
         assert self._reader is not None, "store is not open"
         return self._reader
+
+    async def integrity(self) -> list[str]:
+        """SQLite's own checks (pages, foreign keys, both full-text indexes) and pending migrations."""
+        assert self._reader is not None, "store is not open"
+        reader = self._reader
+        problems: list[str] = []
+        async with reader.execute("PRAGMA integrity_check") as cursor:
+            if (await cursor.fetchone() or ("",))[0] != "ok":
+                problems.append("SQLite integrity_check failed")
+        async with reader.execute("PRAGMA foreign_key_check") as cursor:
+            for row in await cursor.fetchall():
+                problems.append(f"foreign key violation in {row[0]} (rowid {row[1]}) -> {row[2]}")
+        async with reader.execute("SELECT name FROM _migrations") as cursor:
+            applied = {r[0] for r in await cursor.fetchall()}
+        problems += [f"migration {name} not applied" for name, _ in MIGRATIONS if name not in applied]
+        for table in ("messages_fts", "summaries_fts"):
+            try:
+                await reader.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+            except sqlite3.DatabaseError as error:
+                problems.append(f"full-text index {table} is out of sync with its table ({error})")
+        return problems
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[WriteTransaction]:

@@ -1,5 +1,6 @@
 """The admin HTTP API under ``/lcm/``: the operator commands' views over HTTP, authenticated and scoped to
-the caller's tenant (with keys configured, a key only ever sees its own tenant's conversations)."""
+the caller's tenant (with keys configured, a key only ever sees its own tenant's conversations). Errors (an
+unknown id, a bad pattern) are answered by the application's exception handlers (``proxy.wire.http``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.engine.admin import NotFound
-from proxy.engine.recall import RecallError
-from proxy.errors import InvalidRequestError, NotFoundError, ProxyError
-from proxy.wire.http import JSONResponse, error_response
+from proxy.errors import InvalidRequestError
+from proxy.wire.http import JSONResponse
 
 if TYPE_CHECKING:
     from proxy.app import AppState
@@ -36,15 +35,8 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
 def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         state: AppState = request.app.state.lcm
-        try:
-            tenant = state.auth.tenant_for(request)
-            return JSONResponse(await handler(request, state, tenant))
-        except NotFound as missing:
-            return error_response(NotFoundError(str(missing)))
-        except RecallError as bad:
-            return error_response(InvalidRequestError(str(bad), param=bad.param, code="invalid_value"))
-        except ProxyError as error:
-            return error_response(error)
+        tenant = state.auth.tenant_for(request)
+        return JSONResponse(await handler(request, state, tenant))
 
     return run
 

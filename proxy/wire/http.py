@@ -1,17 +1,66 @@
-"""Small HTTP helpers shared by the routes: JSON bodies with a size cap, JSON and error responses."""
+"""Small HTTP helpers shared by the routes: JSON bodies with a size cap, JSON and error responses, and the
+one place where the engine's errors become HTTP errors (``to_proxy_error``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import json.scanner
+import logging
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from proxy.errors import InvalidRequestError, PayloadTooLargeError, ProxyError
+from proxy.engine import errors as engine
+from proxy.errors import (
+    ContextLengthExceeded,
+    ConversationBusyError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ProxyError,
+    StoreBusyError,
+    UpstreamError,
+)
+
+log = logging.getLogger("lcm_proxy.wire")
+
+# What a client is told: the proxy's own HTTP errors, and the engine's, mapped by ``to_proxy_error``.
+REPORTED = (ProxyError, engine.EngineError)
+
+# Engine error → (HTTP error, its ``code`` when the class has none). The most specific class listed wins.
+_HTTP: dict[type[engine.EngineError], tuple[type[ProxyError], str | None]] = {
+    engine.NotFound: (NotFoundError, None),
+    engine.InvalidArgument: (InvalidRequestError, "invalid_value"),
+    engine.ContextTooLong: (ContextLengthExceeded, None),
+    engine.ConversationBusy: (ConversationBusyError, None),
+    engine.StoreBusy: (StoreBusyError, None),
+    engine.SummarizerUnavailable: (UpstreamError, "summarizer_unavailable"),
+}
+
+
+def to_proxy_error(error: ProxyError | engine.EngineError) -> ProxyError:
+    """The HTTP error a client gets for ``error``: the engine's errors keep their message and ``param``;
+    one without a mapping (a damaged database, say) is an internal error, logged by class name."""
+    if isinstance(error, ProxyError):
+        return error
+    for kind in type(error).__mro__:
+        if kind in _HTTP:
+            http, code = _HTTP[kind]
+            return http(error.message, param=error.param, code=code)
+    log.error("engine error %s has no HTTP status: answered as an internal error", type(error).__name__)
+    return InternalError("Internal error in lcm-proxy. The request was not forwarded.")
+
+
+async def reported_error(request: Request, exc: Exception) -> Response:
+    """The application's handler for both families (``REPORTED``): route handlers need no try/except for
+    them. Streamed responses cannot use it once their first byte is out: they send ``to_proxy_error``'s
+    JSON as an SSE event instead."""
+    assert isinstance(exc, REPORTED)
+    return error_response(to_proxy_error(exc))
 
 
 class JSONResponse(Response):

@@ -1,8 +1,10 @@
 """Route handlers: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``.
 
 Handlers translate between HTTP and the layers below and contain no model-specific logic. Every failure
-leaves here as OpenAI error JSON: ``ProxyError`` with its own status, anything unexpected as a 500 that
-OpenAI SDKs are told not to retry (``x-should-retry: false``), so a proxy bug is not sent three times.
+leaves as OpenAI error JSON: ``ProxyError`` with its own status, the engine's errors as ``to_proxy_error``
+maps them, anything unexpected as a 500 that OpenAI SDKs are told not to retry (``x-should-retry: false``),
+so a proxy bug is not sent three times. The application's exception handlers answer for the handlers here;
+only what must add headers (``chat_completions``) or answer inside a stream (the relays) catches them itself.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy import __version__
 from proxy.engine.engine import Budget, Preparation, Prepared
+from proxy.engine.errors import ContextTooLong
 from proxy.engine.recall import clip_to_tokens
-from proxy.errors import ContextLengthExceeded, InternalError, InvalidRequestError, ProxyError, UpstreamError
+from proxy.errors import InternalError, InvalidRequestError, UpstreamError
 from proxy.rounds import Round
 from proxy.routing import ResolvedModel
 from proxy.summarizer import UpstreamSummarizer
 from proxy.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody, Chunk
 from proxy.upstream_errors import is_context_length_error
-from proxy.wire.http import JSONResponse, error_response, read_json_body
+from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
 from proxy.wire.validation import validate_chat_request
 
@@ -55,6 +58,7 @@ class Answer:
         choices = result.get("choices")
         if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
             await self.keep(choices[0].get("message"))
+
 
 log = logging.getLogger("lcm_proxy.wire")
 
@@ -152,7 +156,7 @@ async def chat_completions(request: Request) -> Response:
             call.budget = state.budget_for(call.target, body)
             try:
                 started = await call.begin(call.budget)
-            except ContextLengthExceeded as error:
+            except ContextTooLong as error:
                 if error.conversation_id is not None:
                     headers[CONVERSATION_HEADER] = error.conversation_id
                 raise
@@ -173,10 +177,10 @@ async def chat_completions(request: Request) -> Response:
                 raise
             _prepared_headers(retry, headers)
             return await _forward(call, retry, headers)
-    except ProxyError as error:
+    except REPORTED as error:
         # Once stored, the conversation exists whatever the upstream did: the client still learns its id
         # (and the token figures), so a retry or a look at /lcm/ can name it.
-        return error_response(error, headers)
+        return error_response(to_proxy_error(error), headers)
 
 
 CONTEXT_RETRY_SHARE = 0.75  # of the window, for the one retry after the upstream refused the context as too long
@@ -200,7 +204,7 @@ async def _compacted_retry(call: _Call, prepared: Prepared | None, error: Upstre
     )
     try:
         return await (await call.begin(budget)).finish()
-    except ContextLengthExceeded:
+    except ContextTooLong:
         return None  # not even the newest message fits the smaller budget: the upstream's own error stands
 
 
@@ -228,8 +232,8 @@ async def _after_compaction(call: _Call, started: Preparation) -> AsyncIterator[
             yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
         if response.background is not None:
             await response.background()  # a deferred sweep resumes in the background
-    except ProxyError as error:
-        yield sse_event(error.to_json())
+    except REPORTED as error:
+        yield sse_event(to_proxy_error(error).to_json())
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -348,8 +352,8 @@ async def _relay(
                 except UpstreamError:  # a shape the relay passes on as sent, but no answer to store
                     collected = None
             yield sse_event(chunk)
-    except ProxyError as error:
-        yield sse_event(error.to_json())
+    except REPORTED as error:
+        yield sse_event(to_proxy_error(error).to_json())
         return
     except Exception:
         log.exception("unexpected error while streaming")
@@ -365,10 +369,7 @@ async def _relay(
 
 async def list_models(request: Request) -> Response:
     state = _state(request)
-    try:
-        state.auth.tenant_for(request)
-    except ProxyError as error:
-        return error_response(error)
+    state.auth.tenant_for(request)  # an AuthenticationError is answered by the application's handler
     data = [
         {"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"}
         for name in state.router.public_names()

@@ -1,0 +1,194 @@
+"""The PostgreSQL store as several replicas use it: two stores (two connection pools, as two replicas have) on
+one real database, racing on the same conversations; payloads one replica stored, read by another; locks that
+end with their transaction; driver errors as a retryable 503."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+
+from proxy.engine.answers import record_answer
+from proxy.engine.canonical import chain_hashes
+from proxy.engine.errors import StoreBusy
+from proxy.engine.ingest import Ingestor, Thresholds, export_conversation
+from proxy.store import Location
+from proxy.store.postgres import PostgresBlobs, PostgresStore
+from proxy.store.records import NewMessage
+from proxy.wire.http import to_proxy_error
+from tests.engine_support import assistant, row_count, rows, run, user
+
+
+@contextlib.asynccontextmanager
+async def replicas(dsn: str, count: int = 2) -> AsyncIterator[list[tuple[Ingestor, PostgresStore, PostgresBlobs]]]:
+    opened: list[tuple[Ingestor, PostgresStore, PostgresBlobs]] = []
+    try:
+        for _ in range(count):
+            store = PostgresStore(dsn)
+            await store.open()
+            blobs = PostgresBlobs(store)
+            opened.append((Ingestor(store, blobs, Thresholds(25000, 2000)), store, blobs))
+        yield opened
+    finally:
+        for _, store, _ in opened:
+            await store.close()
+
+
+def test_identical_first_requests_on_two_replicas_create_one_conversation(pg_dsn: str) -> None:
+    async def scenario() -> None:
+        async with replicas(pg_dsn) as pair:
+            transcript = [user("the very first message"), assistant("an answer"), user("a question")]
+            results = await asyncio.gather(*(pair[i % 2][0].ingest("t", transcript) for i in range(12)))
+            assert len({r.conversation_id for r in results}) == 1
+            assert sorted(r.action for r in results) == ["new"] + ["same"] * 11
+            store = pair[0][1]
+            assert await row_count(store, "conversations") == 1
+            assert await row_count(store, "messages") == 3
+
+    run(scenario())
+
+
+def test_concurrent_continuations_on_two_replicas_append_once_and_fork_once(pg_dsn: str) -> None:
+    async def scenario() -> None:
+        async with replicas(pg_dsn) as pair:
+            opening = [user("opening"), assistant("hello")]
+            first = await pair[0][0].ingest("t", opening)
+            same = [*opening, user("same continuation")]
+            other = [*opening, user("another branch")]
+            requests = [same] * 6 + [other] * 6
+            results = await asyncio.gather(*(pair[i % 2][0].ingest("t", t) for i, t in enumerate(requests)))
+            for branch in (same, other):
+                ids = {r.conversation_id for r, t in zip(results, requests, strict=True) if t is branch}
+                assert len(ids) == 1  # each branch landed in one conversation
+            actions = sorted(r.action for r in results)
+            assert actions.count("append") == 1 and actions.count("fork") == 1, actions
+            store = pair[0][1]
+            assert await row_count(store, "conversations") == 2
+            assert await row_count(store, "messages") == 3 + 3  # the fork holds its own copy of the prefix
+            for result, transcript in zip(results, requests, strict=True):
+                assert await export_conversation(store, pair[0][2], "t", result.conversation_id or "") == transcript
+            assert first.conversation_id in {r.conversation_id for r in results}
+
+    run(scenario())
+
+
+def test_a_payload_stored_by_one_replica_is_read_by_another(pg_dsn: str, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with replicas(pg_dsn) as pair:
+            document = "".join(f"line {i}: the quick brown fox\n" for i in range(12000))  # far over the threshold
+            message = user(f'<file name="notes.txt">\n{document}</file>\nsummarise it')
+            stored = await pair[0][0].ingest("t", [message])
+            assert stored.messages[-1] != message  # forwarded as a stub
+            assert await export_conversation(pair[1][1], pair[1][2], "t", stored.conversation_id or "") == [message]
+            assert not any(tmp_path.iterdir())  # no replica's disk holds anything
+            (path,) = [r[0] for r in await rows(pair[1][1], "SELECT path FROM files")]
+            assert document.encode() in await pair[1][2].load(path)
+
+    run(scenario())
+
+
+def advisory_locks(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_locks_end_with_their_transaction(pg_dsn: str) -> None:
+    async def scenario() -> None:
+        async with replicas(pg_dsn, 1) as (single,):
+            ingestor, store, _ = single
+            await ingestor.ingest("t", [user("one")])
+            async with store.write() as tx:
+                await tx.lock_identity("t", "k")
+                await tx.lock_conversation("conv_x")
+                assert advisory_locks(pg_dsn) == 2  # seen from another connection while the transaction runs
+            assert advisory_locks(pg_dsn) == 0
+
+    run(scenario())
+
+
+def test_a_lost_connection_is_a_retryable_503(pg_dsn: str) -> None:
+    async def scenario() -> None:
+        async with replicas(pg_dsn, 1) as (single,):
+            _, store, _ = single
+            with pytest.raises(StoreBusy) as info:
+                async with store.write() as tx:
+                    await tx.touch("conv_none")
+                    with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the server ends the session
+                        admin.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
+                    await tx.touch("conv_none")
+            reported = to_proxy_error(info.value)
+            assert (reported.status, reported.code) == (503, "store_busy")
+            assert await store.read.conversations() == []  # the pool replaced the lost connections
+
+    run(scenario())
+
+
+def test_the_schema_is_applied_once_by_replicas_starting_together(pg_dsn: str) -> None:
+    async def scenario() -> None:
+        stores = [PostgresStore(pg_dsn) for _ in range(4)]
+        await asyncio.gather(*(s.open() for s in stores))
+        try:
+            applied = await rows(stores[0], "SELECT name FROM lcm.migrations")
+            assert [r[0] for r in applied] == ["p001_schema"]
+            assert await stores[1].integrity() == []
+        finally:
+            for s in stores:
+                await s.close()
+
+    run(scenario())
+
+
+def test_a_postgres_location_keeps_nothing_on_disk(pg_dsn: str, tmp_path: Path) -> None:
+    location = Location(tmp_path / "unused", pg_dsn)
+    store, blobs = location.stores()
+    assert (store.kind, type(blobs).__name__) == ("postgresql", "PostgresBlobs")
+    assert "@" not in location.describe() or ":" not in location.describe().split("@")[0].split("//")[1]
+    assert not (tmp_path / "unused").exists()
+
+
+async def waiting_for_a_lock(dsn: str) -> None:
+    """Until some session waits for an advisory lock (a condition, polled: not a fixed sleep)."""
+    query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    for _ in range(2000):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            row = await (await conn.execute(query)).fetchone()
+        if row is not None and row[0] > 0:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("nobody waited for the conversation's lock")
+
+
+def test_a_replica_deciding_on_a_conversation_waits_for_another_replica_writing_it(pg_dsn: str) -> None:
+    """Replica B stores the answer it relayed for [q1] while replica A holds the conversation's lock and appends
+    the client's next turn: B waits, then sees the conversation moved on and stores nothing (the client's
+    request already carried the answer). Without the lock B would decide on what it read before A's commit."""
+
+    async def scenario() -> None:
+        async with replicas(pg_dsn) as pair:
+            (a, store_a, _), (b, _, _) = pair
+            first = await a.ingest("t", [user("q1")])
+            cid = first.conversation_id or ""
+            async with store_a.write() as tx:
+                await tx.lock_conversation(cid)
+                late = asyncio.create_task(record_answer(b, "t", cid, 1, first.tip_chain, assistant("a1"), 1.0))
+                await waiting_for_a_lock(pg_dsn)
+                assert not late.done()
+                theirs = assistant("the client's own a1")
+                chain = chain_hashes("t", [user("q1"), theirs])[-1]
+                record = NewMessage("assistant", orjson.dumps(theirs).decode(), None, None, None, "a1", 5, 5, chain)
+                await tx.append_messages(cid, 1, [record])
+            assert await late is False
+            (conversation,) = await store_a.read.conversations()
+            assert conversation.message_count == 2
+
+    run(scenario())
