@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 
 from proxy.engine.canonical import split_instructions
+from proxy.engine.ingest import export_conversation
+from proxy.migrate import Migration
+from proxy.store import Location
 from proxy.store.sqlite import SQLiteStore
 from tests.conftest import RunningProxy
 from tests.engine_support import unreachable_messages
@@ -81,7 +84,7 @@ def tool_result(call: dict[str, Any], turn: int) -> dict[str, Any]:
 
 
 def test_three_hundred_turns_stay_bounded_and_lossless(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream, pg_dsn: str
 ) -> None:
     model = ScriptedModel()
     fake_upstream.responder = model
@@ -146,6 +149,20 @@ def test_three_hundred_turns_stay_bounded_and_lossless(
     assert stability >= 0.9
     _, client_messages = split_instructions(transcript)
     assert len(client_messages) > 600
+    # Moving up: the session's store, migrated into PostgreSQL, exports the same transcripts.
+    outcome = asyncio.run(Migration(store_dir, pg_dsn).run())
+    assert outcome.problems == [] and outcome.mismatches() == []
+    before = asyncio.run(_exports(Location(store_dir)))
+    assert before and before == asyncio.run(_exports(Location(store_dir, pg_dsn)))
+
+
+async def _exports(where: Location) -> dict[str, list[dict[str, Any]]]:
+    store, files = where.stores()
+    await store.open()
+    try:
+        return {c.id: await export_conversation(store, files, None, c.id) for c in await store.read.conversations()}
+    finally:
+        await store.close()
 
 
 async def _check_reachability(data_dir: Path, conversation_id: str | None) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -17,8 +19,10 @@ from proxy.engine.answers import record_answer
 from proxy.engine.canonical import chain_hashes
 from proxy.engine.errors import StoreBusy
 from proxy.engine.ingest import Ingestor, Thresholds, export_conversation
-from proxy.store import Location
+from proxy.store import Location, postgres
+from proxy.store.base import Phrase
 from proxy.store.postgres import PostgresBlobs, PostgresStore
+from proxy.store.postgres_search import PostgresSearches
 from proxy.store.records import NewMessage
 from proxy.wire.http import to_proxy_error
 from tests.engine_support import assistant, row_count, rows, run, user
@@ -192,3 +196,107 @@ def test_a_replica_deciding_on_a_conversation_waits_for_another_replica_writing_
             assert conversation.message_count == 2
 
     run(scenario())
+
+
+def test_a_word_at_postgresqls_length_limit_is_stored_and_searched(pg_dsn: str) -> None:
+    """PostgreSQL refuses words over 2046 bytes in a tsvector: such words are left out of the index (as SQLite's
+    tokenizer keeps them), never a 503 that no retry gets past."""
+
+    async def scenario() -> None:
+        async with replicas(pg_dsn, 1) as ((ingestor, store, _),):
+            for size in (2046, 2047, 2048, 5000):
+                word = "ab" * (size // 2) + "c" * (size % 2)
+                result = await ingestor.ingest("t", [user(f"marker{size} {word}")])
+                assert result.action == "new"
+                hits = await store.search.search_messages(result.conversation_id or "", [Phrase((word,))], 9, 5)
+                assert [h[1] for h in hits] == ([0] if size <= 2046 else [])
+                found = await store.search.search_messages(
+                    result.conversation_id or "", [Phrase((f"marker{size}",))], 9, 5
+                )
+                assert [h[1] for h in found] == [0]
+
+    run(scenario())
+
+
+def test_full_text_ranking_counts_each_terms_documents_once(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rarity weights of a search are computed once per term, not once per matching message (a plan that
+    recomputed them was quadratic in the conversation's length and timed out past ~1,500 messages)."""
+    issued: list[tuple[str, Sequence[Any]]] = []
+    original = PostgresSearches._search_all
+
+    async def capture(self: PostgresSearches, sql: str, args: Sequence[Any]) -> list[Any]:
+        issued.append((sql, args))
+        return await original(self, sql, args)
+
+    monkeypatch.setattr(PostgresSearches, "_search_all", capture)
+
+    async def scenario() -> None:
+        async with replicas(pg_dsn, 1) as ((ingestor, store, _),):
+            transcript = [user(f"error number {i} in the login service") for i in range(60)]
+            result = await ingestor.ingest("t", transcript)
+            await store.search.search_messages(result.conversation_id or "", [Phrase(("error",))], 60, 40)
+            sql, args = issued[-1]
+            async with store.pool.connection() as conn:
+                cursor = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, args)
+                plan = json.dumps((await cursor.fetchone())[0])  # type: ignore[index]
+            loops = [
+                node["Actual Loops"]
+                for node in _nodes(json.loads(plan)[0]["Plan"])
+                if "hits" in str(node.get("CTE Name", ""))
+            ]
+            assert loops and max(loops) <= 2, loops  # the hits are scanned per term, not per hit
+
+    run(scenario())
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
+
+
+def test_a_writer_waiting_too_long_for_a_conversations_lock_gets_a_retryable_503(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that froze holding a conversation's lock costs the others a 503 after the lock timeout, not every
+    pooled connection."""
+    monkeypatch.setattr(postgres, "LOCK_TIMEOUT_MS", 300)
+
+    async def scenario() -> None:
+        async with replicas(pg_dsn) as ((a, store_a, _), (_, store_b, _)):
+            first = await a.ingest("t", [user("q1")])
+            cid = first.conversation_id or ""
+            async with store_a.write() as held:
+                await held.lock_conversation(cid)
+                with pytest.raises(StoreBusy):
+                    async with store_b.write() as waiting:
+                        await waiting.lock_conversation(cid)
+            assert await store_b.read.conversation("t", cid) is not None  # replica b still serves
+
+    run(scenario())
+
+
+def test_a_role_that_cannot_create_schemas_starts_once_the_schema_is_there(pg_dsn: str) -> None:
+    """Least privilege: the proxy's role may use the lcm schema without the right to create one."""
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS lcm_app")
+        admin.execute("CREATE ROLE lcm_app LOGIN")
+        name = admin.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        admin.execute(f'REVOKE CREATE ON DATABASE "{name}" FROM PUBLIC')
+
+    async def scenario() -> None:
+        owner = PostgresStore(pg_dsn)
+        await owner.open()  # the migration, by a role that may create the schema
+        await owner.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("GRANT USAGE ON SCHEMA lcm TO lcm_app")
+            admin.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA lcm TO lcm_app")
+            admin.execute("GRANT USAGE ON ALL SEQUENCES IN SCHEMA lcm TO lcm_app")
+        app_dsn = psycopg.conninfo.make_conninfo(pg_dsn, user="lcm_app")
+        async with replicas(app_dsn, 1) as ((ingestor, _, _),):
+            assert (await ingestor.ingest("t", [user("hello")])).action == "new"
+
+    try:
+        run(scenario())
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("DROP OWNED BY lcm_app")
+            admin.execute("DROP ROLE lcm_app")

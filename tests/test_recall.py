@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
+import pytest
 
 from proxy.config import LcmSettings
 from proxy.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools, Scope
-from proxy.store import Location
+from proxy.store import Location, postgres_search
 from tests.engine_support import assistant, execute, located, run, user
 
 SETTINGS = LcmSettings(
@@ -257,5 +259,30 @@ def test_expand_query_material_cannot_close_its_wrapper(where: Location) -> None
         closing = [m.start() for m in re.finditer(r"<\s*/\s*material", summarizer.last_user, re.I)]
         assert len(closing) == 1 and summarizer.last_user.rfind("Question:") > closing[0]  # ... inside one wrapper
         await store.close()
+
+    run(scenario())
+
+
+def test_a_search_the_store_cannot_finish_is_an_error_the_model_reads(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full-text search past PostgreSQL's statement timeout is a tool result the model can act on (narrow the
+    search), not a 503 for the whole chat request."""
+    monkeypatch.setattr(postgres_search, "SEARCH_TIMEOUT_MS", 200)
+
+    async def scenario() -> None:
+        engine, tools, scope, _, _ = await setup(Location(tmp_path, pg_dsn))
+        try:
+            grep = orjson.dumps({"pattern": "secret word", "mode": "full_text"}).decode()
+            assert "PERIWINKLE" in await tools.run(scope, "lcm_grep", grep)
+            # Another session holds the table: the search waits on it until its statement timeout.
+            async with await psycopg.AsyncConnection.connect(pg_dsn) as blocker:
+                await blocker.execute("LOCK TABLE lcm.messages IN ACCESS EXCLUSIVE MODE")
+                answer = await tools.run(scope, "lcm_grep", grep)
+                await blocker.rollback()
+            assert answer.startswith("Error: lcm_grep could not finish in time"), answer
+            assert "PERIWINKLE" in await tools.run(scope, "lcm_grep", grep)
+        finally:
+            await engine.store.close()
 
     run(scenario())

@@ -143,8 +143,10 @@ async def locate_locked(tx: Writes, tenant: str, chains: list[str], key: str | N
     while True:
         located = await locate(tx, tenant, chains, key)
         found = located.conversation
-        if found is None or found.id in held or len(held) >= 4:
+        if found is None or found.id in held:
             return located
+        if len(held) >= 4:
+            raise ConversationBusy("Other requests kept moving this conversation while this one was stored; retry.")
         held.add(found.id)
         if not await tx.lock_conversation(found.id):
             return located  # this store's writers are serialised: nothing can have changed

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.engine import patterns, tokens
-from proxy.engine.errors import RecallError, UnsafePathError, UnsafePattern
+from proxy.engine.errors import RecallError, StoreBusy, UnsafePathError, UnsafePattern
 from proxy.engine.plan import view_message
 from proxy.engine.render import neutralise_summary_tags, render_message, timestamp
 from proxy.engine.summarize import Summarizer
@@ -215,6 +215,8 @@ class RecallTools:
             return f"Error: the arguments of {name} are not valid JSON."
         except RecallError as error:
             return f"Error: {error}"
+        except StoreBusy:  # a search past the store's time limit, or a database briefly away: the model may retry
+            return f"Error: {name} could not finish in time; try a narrower pattern, scope or range."
 
     # --- lookups within scope -------------------------------------------------------------------------
 

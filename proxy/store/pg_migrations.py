@@ -160,11 +160,25 @@ migration(
 )
 
 
+async def recorded(conn: Any) -> set[str]:
+    """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
+    use the ``lcm`` schema but not create one starts once the schema is up to date."""
+    cursor = await conn.execute("SELECT to_regclass('lcm.migrations') IS NOT NULL")
+    row = await cursor.fetchone()
+    if not row or not row[0]:
+        return set()
+    cursor = await conn.execute("SELECT name FROM lcm.migrations")
+    return {str(r[0]) for r in await cursor.fetchall()}
+
+
 async def apply_migrations(conn: Any) -> list[str]:
     """Apply every migration not yet recorded, on an autocommit ``psycopg.AsyncConnection``; safe to run
     from several replicas at once."""
     applied: list[str] = []
+    done = await recorded(conn)
     for name, sql in MIGRATIONS:
+        if name in done:
+            continue
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (LOCK_KEY,))
             await conn.execute("CREATE SCHEMA IF NOT EXISTS lcm")

@@ -29,6 +29,8 @@ from proxy.store.postgres_search import PostgresSearches
 from proxy.store.postgres_writes import PostgresWrites
 
 POOL_SIZE = 16  # connections per replica: a read holds one for one statement, a transaction for its length
+LOCK_TIMEOUT_MS = 10_000  # a write transaction waiting longer for a conversation's lock gives up (503, retry)
+IDLE_TIMEOUT_MS = 60_000  # a transaction idle this long (its replica froze) is ended by the server
 
 
 def redacted(url: str) -> str:
@@ -92,8 +94,15 @@ class PostgresStore:
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[PostgresWrites]:
+        """One transaction. It waits for a lock at most ``LOCK_TIMEOUT_MS`` and may stay idle at most
+        ``IDLE_TIMEOUT_MS`` (a replica that froze holding a lock frees it), so a stuck holder costs its waiters
+        a retryable 503 rather than every pooled connection of their replicas."""
         with translated():
             async with self.pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)};"
+                    f" SET LOCAL idle_in_transaction_session_timeout = {int(IDLE_TIMEOUT_MS)}"
+                )
                 yield PostgresWrites(conn=conn)
 
     async def integrity(self) -> list[str]:

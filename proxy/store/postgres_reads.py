@@ -38,6 +38,21 @@ def prefixed(columns: str, alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
+# SQLSTATE classes a retry may get past: connection exceptions, insufficient resources (too many connections),
+# transaction rollbacks (serialisation failure, deadlock), operator intervention (a cancelled statement or
+# timeout, a shutting-down server), and a lock not available (lock_timeout).
+RETRYABLE_CLASSES = ("08", "40", "53", "57")
+RETRYABLE_STATES = ("55P03",)
+
+
+def retryable(error: psycopg.Error) -> bool:
+    """Whether ``error`` is about the database's state rather than the statement: a connection lost before the
+    server said anything has no SQLSTATE at all; a statement the server cannot take (a word too long, a value
+    out of range) fails the same way on every retry."""
+    state = error.sqlstate
+    return state is None or state[:2] in RETRYABLE_CLASSES or state in RETRYABLE_STATES
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """The one place where psycopg's operational errors (connection lost, deadlock, serialisation failure,
@@ -45,6 +60,8 @@ def translated() -> Iterator[None]:
     try:
         yield
     except psycopg.OperationalError as error:
+        if not retryable(error):
+            raise
         raise StoreBusy(f"The database is unavailable or busy ({type(error).__name__}); retry.") from error
 
 

@@ -40,7 +40,9 @@ def ranked(hits: str, total: str, key: str) -> str:
     return (
         "WITH terms AS (SELECT q FROM unnest(CAST(%s AS tsquery[])) AS t(q)),"
         f" hits AS ({hits}), total AS ({total}),"
-        " df AS (SELECT t.q, (SELECT count(*) FROM hits h WHERE h.words @@ t.q) AS n FROM terms t),"
+        # MATERIALIZED: referenced once, df would be inlined and its counts recomputed for every hit
+        # (quadratic in the conversation's length).
+        " df AS MATERIALIZED (SELECT t.q, (SELECT count(*) FROM hits h WHERE h.words @@ t.q) AS n FROM terms t),"
         f" scored AS (SELECT h.{key}, sum(ln(1 + (greatest(total.n, df.n) - df.n + 0.5) / (df.n + 0.5))"
         "   * ts_rank(h.words, df.q, 1)) AS score"
         f"   FROM hits h JOIN df ON h.words @@ df.q CROSS JOIN total GROUP BY h.{key})"

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from proxy.store.base import Phrase
 
 MAX_CHARS = 100_000  # of a text, indexed: the rest of a longer text is not searchable by its words
-MAX_LEXEME_BYTES = 2047  # PostgreSQL's limit for one word (to_tsvector skips longer ones too)
+MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one word ("max 2046 bytes"; to_tsvector skips longer ones)
 MAX_POSITIONS = 256  # PostgreSQL keeps at most this many positions of one word
 MAX_POSITION = 16383  # later words are all at this position
 MAX_VECTOR_BYTES = 900_000  # distinct words of one text, far below the 1 MB a tsvector may hold
