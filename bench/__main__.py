@@ -11,16 +11,18 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, fidelity, ingest, load, overhead
+from bench import compaction, fidelity, ingest, load, overhead, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
+    "store": store.main,
     "compaction": compaction.main,
     "overhead": overhead.main,
     "load": load.main,
     "fidelity": fidelity.main,
 }
-OWN_OPTIONS = {"fidelity"}  # benchmarks whose main() also takes ``argv``: the options this parser leaves over
+# Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
+OWN_OPTIONS = {"fidelity", "load", "store"}
 
 
 def main() -> None:

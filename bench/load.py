@@ -1,7 +1,10 @@
 """Load run: many concurrent clients over a few shared conversations, then a message-by-message audit.
 
-``python -m bench load``: 64 clients over 20 conversations, a few thousand requests, with one and with two
-proxy worker processes. ``run_load`` is what tests/test_load.py runs at a bounded size.
+``python -m bench load``: 64 clients over 20 conversations, a few thousand requests: SQLite with one and two
+proxy worker processes, then PostgreSQL with one, two and three proxy replicas, and three with one of them
+SIGKILLed mid-run. ``python -m bench load --replicas 3 --database postgresql://...`` runs only the PostgreSQL
+rows (three replicas, then three with one killed) on that server. ``run_load`` is what tests/test_load.py and
+tests/test_replicas.py run at a bounded size.
 
 Setup: the real proxy process (``python -m proxy serve``) in front of a fake upstream process (this module's
 ``upstream`` entry point: tests/fakes.py's FakeUpstream with a scripted model that answers chat turns,
@@ -36,12 +39,26 @@ client; there must be exactly one root conversation per shared opening (the raci
 one); and the number of forks must equal what the clients' actions imply: one per extra branch of an
 opening, one per regenerate-then-continue, one per edit, none for retries and double submits. The fake
 upstream checks every forwarded chat request against the window (ARCHITECTURE.md's "Bounded") and for paired
-tool calls. Then doctor and ``PRAGMA integrity_check``. Errors are any non-200 answer, an SSE error event,
-a transport error, or an ERROR (or "database is locked") line in the proxy's log; none is expected.
+tool calls. Then doctor (which includes the store's own integrity checks). Errors are any non-200 answer, an
+SSE error event, a transport error, or an ERROR (or "database is locked") line in a proxy's log; none is
+expected.
+
+Replicas (PostgreSQL). Several ``python -m proxy serve`` processes, each on its own port, with the same config
+(``general_settings.database_url``), start at once (they race to migrate the schema). Every client sends each
+request to the next replica, round-robin, so every conversation's requests, a double submit's two halves
+included, land on different replicas: the identity and append decisions are made by whichever replica gets
+the request, under the store's transaction locks. Every run gets a database of its own, created for it and
+dropped afterwards: on the server ``--database`` names (its role needs CREATEDB), else on a throwaway cluster
+(tests/pg_cluster.py). With one replica killed: once half of the requests are sent, one replica is SIGKILLed.
+A request it had in flight is not acknowledged (the client saw a transport error, or a stream without
+``[DONE]``); the client sends it again to the next live replica, as a client behind a load balancer retries,
+and carries on there. Such failures are counted apart (``cut``), not as errors; the audit is the same, over the
+acknowledged requests, and whatever the killed replica had committed must fit it exactly.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -49,16 +66,17 @@ import random
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import orjson
@@ -222,34 +240,65 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+Command = tuple[list[str], int, Path]  # argv, the port it serves on, its log file (stderr)
+
+
 @contextlib.contextmanager
-def spawn(args: list[str], port: int, log: Path) -> Iterator[str]:
-    """Run ``args`` (stderr to ``log``) until ``/healthz`` answers; SIGTERM (graceful) on the way out."""
+def processes(commands: list[Command]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start every command at once, yield once each answers ``/healthz``; SIGTERM (graceful) on the way out
+    to those still running (a SIGKILLed replica is gone already)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
     env.update(PYTHONPATH=str(REPO), LITELLM_LOCAL_MODEL_COST_MAP="True")
     env.pop("OPENAI_API_KEY", None)
-    with log.open("wb") as stderr:
-        child = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
+    children: list[subprocess.Popen[bytes]] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{args} did not start: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url
+        for args, _, log in commands:
+            with log.open("wb") as stderr:
+                children.append(subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr))
+        deadline = time.monotonic() + 90
+        for child, (args, port, log) in zip(children, commands, strict=True):
+            while True:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{args} did not start: {log.read_text()[-2000:]}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+        yield children
     finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+@contextlib.contextmanager
+def fresh_database(server: str | None) -> Iterator[str]:
+    """The URL of a new, empty database for one run, dropped afterwards: on the server of ``server`` (a
+    PostgreSQL URL; its role needs CREATEDB), else on a throwaway cluster started for it."""
+    import psycopg
+    from psycopg import sql
+
+    with contextlib.ExitStack() as stack:
+        if server is None:
+            from tests.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
+
+            server = stack.enter_context(Cluster()).dsn("postgres")
+        admin_url = re.sub(r"^(\w+)\+\w+://", r"\1://", server)  # postgresql+psycopg:// is the proxy's spelling
+        name = f"lcm_load_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+        finally:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -286,8 +335,33 @@ class ClientState:
     compactions: Counter[str] = field(default_factory=Counter)
     actions: Counter[str] = field(default_factory=Counter)
     sent: int = 0
+    cut: int = 0  # requests whose replica was SIGKILLed under them (sent again to the next one)
     forks_expected: int = 0  # forks this client's own actions cause (regenerate + continue, edit)
     key: str | None = None  # the branch id a pinned client sends back
+    replica: int = 0  # the replica its next request goes to
+
+
+@dataclass
+class Proxies:
+    """The proxy processes the clients talk to. Each client sends each request to the next live one
+    (round-robin from its own starting point); ``kill_at``: once that many requests are sent, ``kill`` one."""
+
+    http: httpx.AsyncClient
+    urls: list[str]
+    kill_at: int = 0
+    kill: Callable[[], int] | None = None  # SIGKILLs a replica, returns its index
+    dead: set[int] = field(default_factory=set)
+    sent: int = 0
+
+    def pick(self, client: ClientState) -> int:
+        self.sent += 1
+        if self.kill is not None and self.sent == self.kill_at:
+            self.dead.add(self.kill())  # marked at once: a request failing on it from now on was cut by the kill
+        for _ in self.urls:
+            replica, client.replica = client.replica, (client.replica + 1) % len(self.urls)
+            if replica not in self.dead:
+                return replica
+        raise RuntimeError("no live replica left")
 
 
 def opening(group: int) -> list[Message]:
@@ -323,8 +397,9 @@ def tool_results(client: ClientState, calls: list[Message], turn: int) -> list[M
     return out
 
 
-async def send(http: httpx.AsyncClient, client: ClientState, transcript: list[Message], abort: bool = False) -> Answer:
-    """One chat request, streamed or not; ``abort``: hang up early (a client-side timeout before a retry)."""
+async def send(proxies: Proxies, client: ClientState, transcript: list[Message], abort: bool = False) -> Answer:
+    """One chat request, streamed or not; ``abort``: hang up early (a client-side timeout before a retry). A
+    request cut by the kill of its replica is sent again to the next one."""
     stream = client.rng.random() < 0.5
     body: dict[str, Any] = {"model": MODEL, "messages": transcript, "max_tokens": MAX_TOKENS, "tools": CLIENT_TOOLS}
     if stream:
@@ -334,20 +409,31 @@ async def send(http: httpx.AsyncClient, client: ClientState, transcript: list[Me
     headers = {"content-type": "application/json"}
     if client.pinned and client.key:
         headers["x-lcm-conversation-id"] = client.key
-    client.sent += 1
-    if abort:
+    while True:
+        replica = proxies.pick(client)
+        url = f"{proxies.urls[replica]}/v1/chat/completions"
+        client.sent += 1
+        if abort:
+            post = _post(proxies.http, url, body, headers, stream, abort=True)
+            try:
+                early = await asyncio.wait_for(post, client.rng.uniform(0, 0.05))
+            except (TimeoutError, httpx.HTTPError):
+                return Answer(status=0)  # hung up: whatever the proxy does with it, nobody hears it
+            if (early.status != 200 or early.error) and replica in proxies.dead:
+                client.cut += 1
+                return Answer(status=0)  # its replica died before the hang-up: the same to the client
+            if early.status != 200 or early.error:  # it answered before the hang-up, with an error
+                client.errors.append(f"client {client.index} request {client.sent}: {early.status} {early.error[:300]}")
+            return early
+        started = time.perf_counter()
         try:
-            early = await asyncio.wait_for(_post(http, body, headers, stream, abort=True), client.rng.uniform(0, 0.05))
-        except (TimeoutError, httpx.HTTPError):
-            return Answer(status=0)  # hung up: whatever the proxy does with it, nobody hears it
-        if early.status != 200 or early.error:  # it answered before the hang-up, with an error
-            client.errors.append(f"client {client.index} request {client.sent}: {early.status} {early.error[:300]}")
-        return early
-    started = time.perf_counter()
-    try:
-        answer = await _post(http, body, headers, stream)
-    except httpx.HTTPError as error:
-        answer = Answer(status=0, error=f"{type(error).__name__}: {error}")
+            answer = await _post(proxies.http, url, body, headers, stream)
+        except httpx.HTTPError as error:
+            answer = Answer(status=0, error=f"{type(error).__name__}: {error}")
+        if (answer.status != 200 or answer.error) and replica in proxies.dead:
+            client.cut += 1  # not acknowledged; the client sends it again, to the next live replica
+            continue
+        break
     if answer.status == 200 and not answer.error:
         client.latencies.append(time.perf_counter() - started)
         client.compactions[answer.compaction] += 1
@@ -359,10 +445,10 @@ async def send(http: httpx.AsyncClient, client: ClientState, transcript: list[Me
 
 
 async def _post(
-    http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], stream: bool, abort: bool = False
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], stream: bool, abort: bool = False
 ) -> Answer:
     if not stream:
-        response = await http.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers)
+        response = await http.post(url, content=orjson.dumps(body), headers=headers)
         if response.status_code != 200:
             return Answer(response.status_code, error=response.text)
         choice = orjson.loads(response.content)["choices"][0]["message"]
@@ -379,7 +465,7 @@ async def _post(
         return Answer(
             200, response.headers.get("x-lcm-conversation-id"), message, response.headers.get("x-lcm-compaction", "")
         )
-    async with http.stream("POST", "/v1/chat/completions", content=orjson.dumps(body), headers=headers) as response:
+    async with http.stream("POST", url, content=orjson.dumps(body), headers=headers) as response:
         if response.status_code != 200:
             return Answer(response.status_code, error=(await response.aread()).decode(errors="replace"))
         answer = Answer(
@@ -421,14 +507,14 @@ async def _post(
         return answer
 
 
-async def run_client(http: httpx.AsyncClient, client: ClientState, quota: int, start: asyncio.Event) -> None:
+async def run_client(proxies: Proxies, client: ClientState, quota: int, start: asyncio.Event) -> None:
     """Send about ``quota`` requests on this client's branch (actions are atomic, so it may overshoot a little)."""
     await start.wait()
     rng = client.rng
     history = [opening(client.group)]  # transcripts of this branch, each stored in the proxy when sent
 
     async def ask(transcript: list[Message], *, remember: bool = True) -> Answer | None:
-        answer = await send(http, client, transcript)
+        answer = await send(proxies, client, transcript)
         if answer.status != 200 or answer.error or answer.conversation_id is None or answer.message is None:
             return None
         client.acks.append(Ack(answer.conversation_id, transcript, answer.message))
@@ -460,7 +546,7 @@ async def run_client(http: httpx.AsyncClient, client: ClientState, quota: int, s
         elif roll < 0.05 and len(history) > 1:
             # Retry: hang up on the first attempt (maybe mid-stream), then send the same transcript again.
             client.actions["retry"] += 1
-            await send(http, client, current, abort=True)
+            await send(proxies, client, current, abort=True)
             last = await ask(current, remember=False)
         elif roll < 0.10 and len(history) > 2:
             # Regenerate the previous answer: re-send the earlier point, then continue from the new answer.
@@ -499,8 +585,11 @@ async def run_client(http: httpx.AsyncClient, client: ClientState, quota: int, s
 class LoadResult:
     clients: int
     conversations: int
-    workers: int
+    workers: int  # worker processes of the one SQLite proxy; 1 for each PostgreSQL replica
+    replicas: int = 0  # PostgreSQL: proxy processes on one database; 0: SQLite
+    killed: bool = False  # one replica SIGKILLed mid-run
     requests: int = 0
+    cut: int = 0  # requests in flight on the killed replica (not acknowledged; sent again to another)
     acknowledged: int = 0
     errors: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)
@@ -520,6 +609,13 @@ class LoadResult:
     summaries: Counter[str] = field(default_factory=Counter)
     upstream: dict[str, int] = field(default_factory=dict)
     actions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def label(self) -> str:
+        if not self.replicas:
+            return f"SQLite, {self.workers} worker{'s' * (self.workers > 1)}"
+        killed = ", one SIGKILLed mid-run" if self.killed else ""
+        return f"PostgreSQL, {self.replicas} replica{'s' * (self.replicas > 1)}{killed}"
 
     @property
     def rps(self) -> float:
@@ -562,7 +658,10 @@ def log_errors(log: str) -> list[str]:
     return out
 
 
-def write_config(path: Path, upstream: str, port: int, data_dir: Path, window: int) -> None:
+def write_config(path: Path, upstream: str, port: int, data_dir: Path, window: int, database: str | None) -> None:
+    general: dict[str, Any] = {"port": port, "data_dir": str(data_dir), "log_level": "warning", "request_timeout": 60}
+    if database is not None:
+        general["database_url"] = database
     config = {
         "model_list": [
             {
@@ -571,10 +670,12 @@ def write_config(path: Path, upstream: str, port: int, data_dir: Path, window: i
                 "model_info": {"max_input_tokens": window},
             }
         ],
-        "general_settings": {"port": port, "data_dir": str(data_dir), "log_level": "warning", "request_timeout": 60},
+        "general_settings": general,
         "lcm_settings": LCM_SETTINGS,
     }
-    path.write_bytes(orjson.dumps(config))  # JSON is YAML
+    # JSON is YAML. 0600: a database URL may carry a password.
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+        out.write(orjson.dumps(config))
 
 
 def _key(message: Message) -> bytes:
@@ -593,25 +694,23 @@ def _answer_key(message: Message) -> bytes:
 
 
 async def audit(config_path: Path, clients: list[ClientState], result: LoadResult) -> None:
+    """Through the operator API and doctor only, so that it reads either store the same way."""
     from proxy.config import load_config
     from proxy.doctor import check_database
+    from proxy.engine.errors import NotFound
     from proxy.operator import Operator
 
     config = load_config(str(config_path))
-    async with Operator(config.general_settings.resolved_data_dir()) as op:
-        # A plain connection of our own for the checks that are not the store's API.
-        with contextlib.closing(sqlite3.connect(op.store.path)) as db:
-            result.integrity = str(db.execute("PRAGMA integrity_check").fetchone()[0])
-            for kind, escalation, count in db.execute("SELECT kind, escalation, count(*) FROM summaries GROUP BY 1, 2"):
-                result.summaries[kind] += count
-                if escalation == 2:
-                    result.summaries["fallback"] += count
+    async with Operator(config.general_settings.location()) as op:
+        integrity = await op.store.integrity()
+        result.integrity = "; ".join(integrity) or "ok"
         result.doctor = await check_database(op.store, op.files)
         stored = await op.store.read.conversations(None, limit=1_000_000)
         result.stored_conversations = len(stored)
         result.stored_messages = sum(c.message_count for c in stored)
         result.roots = sum(1 for c in stored if c.parent_id is None)
         result.forks = len(stored) - result.roots
+        result.summaries = await count_summaries(op.store.read, [c.id for c in stored])
 
         acks: dict[str, list[Ack]] = {}
         for client in clients:
@@ -625,7 +724,7 @@ async def audit(config_path: Path, clients: list[ClientState], result: LoadResul
         for conversation_id, on_it in acks.items():
             try:
                 exports[conversation_id] = exported = [_key(m) for m in await op.export(conversation_id, None)]
-            except LookupError:
+            except NotFound:
                 exports[conversation_id] = exported = []
             longest = max(on_it, key=lambda a: len(a.transcript)).transcript
             wanted = [_key(m) for m in longest]
@@ -648,19 +747,41 @@ async def audit(config_path: Path, clients: list[ClientState], result: LoadResul
             if client.acks and len(client.acks[-1].transcript) > len(opening(client.group)):
                 last = client.acks[-1]
                 exported = exports[last.conversation_id]
-                if exported[: len(last.transcript)] != [_key(m) for m in last.transcript] or len(exported) > len(
-                    last.transcript
-                ) + 1:
+                if (
+                    exported[: len(last.transcript)] != [_key(m) for m in last.transcript]
+                    or len(exported) > len(last.transcript) + 1
+                ):
                     result.mismatched.append(
                         f"client {client.index}: {last.conversation_id} is not its last transcript"
                     )
 
 
-async def drive(url: str, clients: list[ClientState], quota: int) -> float:
+async def count_summaries(read: Any, conversation_ids: list[str]) -> Counter[str]:
+    """Summaries by kind (and fallbacks: escalation 2) reachable from the conversations' contexts, each once
+    (forks share their parent's)."""
+    seen: dict[str, Any] = {}
+    stack = [s for cid in conversation_ids for s in await read.context_summaries(cid)]
+    while stack:
+        summary = stack.pop()
+        if summary.id not in seen:
+            seen[summary.id] = summary
+            stack += await read.child_summaries(summary.id)
+    counts: Counter[str] = Counter(s.kind for s in seen.values())
+    counts["fallback"] = sum(1 for s in seen.values() if s.escalation == 2)
+    return counts
+
+
+async def drive(
+    urls: list[str], clients: list[ClientState], quota: int, kill: Callable[[], int] | None = None
+) -> float:
+    """Run every client to its quota; ``kill`` (() -> replica index) is called once half the requests are sent."""
     limits = httpx.Limits(max_connections=len(clients) * 2, max_keepalive_connections=len(clients))
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        proxies = Proxies(http, urls, kill_at=len(clients) * quota // 2, kill=kill)
+        for client in clients:
+            client.replica = client.index % len(urls)
         start = asyncio.Event()
-        tasks = [asyncio.create_task(run_client(http, client, quota, start)) for client in clients]
+        tasks = [asyncio.create_task(run_client(proxies, client, quota, start)) for client in clients]
         started = time.perf_counter()
         start.set()
         await asyncio.gather(*tasks)
@@ -673,32 +794,56 @@ def run_load(
     requests: int = 3000,
     *,
     workers: int = 1,
+    replicas: int = 0,
+    database: str | None = None,
+    kill_one: bool = False,
     window: int = WINDOW,
     seed: int = 0,
     workdir: Path | None = None,
 ) -> LoadResult:
-    """Run the load against a fresh proxy and audit the database; ``requests`` is the total to aim for."""
-    result = LoadResult(clients, conversations, workers)
+    """Run the load against fresh proxies and audit the store; ``requests`` is the total to aim for.
+
+    ``replicas`` 0: one proxy on SQLite with ``workers`` worker processes. Otherwise that many proxy processes
+    on one PostgreSQL database, made for this run on the server ``database`` names (a URL), or on a throwaway
+    cluster when None; ``kill_one``: SIGKILL the last of them once half the requests are sent."""
+    if kill_one and replicas < 2:
+        raise ValueError("killing a replica needs at least two")
+    result = LoadResult(clients, conversations, workers if not replicas else 1, replicas, kill_one)
     states = [
         ClientState(index=i, group=i % conversations, pinned=i % 4 == 3, rng=random.Random(seed * 100_003 + i))
         for i in range(clients)
     ]
     quota = max(2, -(-requests // clients))
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
-        upstream_port, proxy_port = free_port(), free_port()
+        url = stack.enter_context(fresh_database(database)) if replicas else None
+        upstream_port, ports = free_port(), [free_port() for _ in range(max(1, replicas))]
         upstream_args = [sys.executable, "-m", "bench.load", "upstream", str(upstream_port), str(window)]
-        with spawn(upstream_args, upstream_port, root / "upstream.log") as upstream:
+        logs = [root / f"proxy{i}.log" for i in range(len(ports))]
+        with processes([(upstream_args, upstream_port, root / "upstream.log")]):
+            upstream = f"http://127.0.0.1:{upstream_port}"
             config = root / "proxy.yaml"
-            write_config(config, upstream, proxy_port, root / "data", window)
-            proxy_args = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--workers", str(workers)]
-            with spawn(proxy_args, proxy_port, root / "proxy.log") as url:
-                result.elapsed = asyncio.run(drive(url, states, quota))
+            write_config(config, upstream, ports[0], root / "data", window, url)
+            serve = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--workers"]
+            commands = [
+                ([*serve, str(result.workers), "--port", str(port)], port, log)
+                for port, log in zip(ports, logs, strict=True)
+            ]
+            with processes(commands) as children:
+
+                def kill() -> int:
+                    children[-1].kill()  # SIGKILL
+                    return len(children) - 1
+
+                urls = [f"http://127.0.0.1:{port}" for port in ports]
+                result.elapsed = asyncio.run(drive(urls, states, quota, kill if kill_one else None))
             result.upstream = httpx.get(f"{upstream}/stats", timeout=10).json()
-        result.log_errors = log_errors((root / "proxy.log").read_text(errors="replace"))
+        for log in logs:
+            result.log_errors += log_errors(log.read_text(errors="replace"))
         asyncio.run(audit(config, states, result))
     for state in states:
         result.requests += state.sent
+        result.cut += state.cut
         result.acknowledged += len(state.acks)
         result.errors += state.errors
         result.latencies += state.latencies
@@ -713,20 +858,19 @@ def run_load(
 
 def table(results: list[LoadResult]) -> str:
     lines = [
-        "| clients | conversations | workers | requests | errors | req/s | p50 ms | p99 ms | lost | duplicated"
-        " | forks (expected) | doctor | compaction (scheduled / inline / evicted) | summaries (leaf / condensed / fallback) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "| store, proxy processes | requests | errors | cut by the kill | req/s | p50 ms | p95 ms | p99 ms | lost"
+        " | duplicated | forks found (expected) | doctor | compaction (scheduled / inline / evicted)"
+        " | summaries (leaf / condensed / fallback) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in results:
-        doctor = (
-            "ok" if not r.doctor and r.integrity == "ok" else f"{len(r.doctor)} problem(s), integrity {r.integrity}"
-        )
+        doctor = "ok" if not r.doctor and r.integrity == "ok" else f"{len(r.doctor)} problem(s), {r.integrity}"
         h, s = r.compaction_headers, r.summaries
         lines.append(
-            f"| {r.clients} | {r.conversations} | {r.workers} | {r.requests} | {len(r.errors) + len(r.log_errors)}"
-            f" | {r.rps:.0f} | {r.percentile(0.5):.1f} | {r.percentile(0.99):.1f} | {r.lost} | {r.duplicated}"
-            f" | {r.forks} ({r.forks_expected}) | {doctor} | {h['scheduled']} / {h['inline']} / {h['evicted']}"
-            f" | {s['leaf']} / {s['condensed']} / {s['fallback']} |"
+            f"| {r.label} | {r.requests} | {len(r.errors) + len(r.log_errors)} | {r.cut} | {r.rps:.0f}"
+            f" | {r.percentile(0.5):.1f} | {r.percentile(0.95):.1f} | {r.percentile(0.99):.1f} | {r.lost}"
+            f" | {r.duplicated} | {r.forks} ({r.forks_expected}) | {doctor}"
+            f" | {h['scheduled']} / {h['inline']} / {h['evicted']} | {s['leaf']} / {s['condensed']} / {s['fallback']} |"
         )
     return "\n".join(lines)
 
@@ -734,8 +878,9 @@ def table(results: list[LoadResult]) -> str:
 def details(r: LoadResult) -> str:
     actions = ", ".join(f"{k} {v}" for k, v in sorted(r.actions.items()))
     upstream = ", ".join(f"{k} {v}" for k, v in sorted(r.upstream.items()))
+    cut = f", {r.cut} cut by the kill and sent again" if r.killed else ""
     out = [
-        f"- workers {r.workers}: {r.requests} requests ({r.acknowledged} acknowledged, the rest hung up on purpose"
+        f"- {r.label}: {r.requests} requests ({r.acknowledged} acknowledged{cut}, the rest hung up on purpose"
         f" before a retry) in {r.elapsed:.1f} s; client actions: {actions}; upstream calls: {upstream};"
         f" stored: {r.stored_conversations} conversations ({r.roots} roots), {r.stored_messages} messages",
     ]
@@ -743,15 +888,63 @@ def details(r: LoadResult) -> str:
     return "\n".join(out)
 
 
-def main(quick: bool = False) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench load", description=__doc__.split("\n\n")[1])
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="only the PostgreSQL rows: N proxy replicas, then (N >= 2) N with one SIGKILLed mid-run",
+    )
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="a PostgreSQL server (postgresql://USER@HOST:PORT/DB) on which each run creates and drops a database"
+        " of its own (the role needs CREATEDB); default: a throwaway cluster (tests/pg_cluster.py)",
+    )
+    parser.add_argument("--requests", type=int, metavar="N", help="requests per run (default 6000; --quick 1800)")
+    args = parser.parse_args(argv)
+    if args.replicas is not None and args.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    return args
+
+
+def main(quick: bool = False, argv: list[str] | None = None) -> None:
+    args = parse_args(argv or [])
     # Quick: the size of tests/test_load.py (about 28 requests per client: enough to reach compaction).
-    requests = 1800 if quick else 6000
-    results = [run_load(64, 20, requests, workers=w) for w in ((2,) if quick else (1, 2))]
+    requests = args.requests or (1800 if quick else 6000)
+    runs: list[tuple[int, int, bool]]  # (replicas: 0 is SQLite, workers, one replica killed)
+    if args.replicas is not None:
+        runs = [(args.replicas, 1, False)] + ([(args.replicas, 1, True)] if args.replicas > 1 else [])
+    elif quick:
+        runs = [(0, 2, False), (3, 1, True)]
+    else:
+        runs = [(0, 1, False), (0, 2, False), (1, 1, False), (2, 1, False), (3, 1, False), (3, 1, True)]
+    cores = os.cpu_count() or 1
     print(
-        f"\n## load: 64 concurrent clients over 20 conversations, {requests} requests aimed for, "
+        f"\n## load: 64 concurrent clients over 20 conversations, {requests} requests aimed for per run, "
         f"{WINDOW}-token window (compaction during the run)\n"
     )
-    print(table(results))
+    print(
+        f"This machine has {cores} core{'s' * (cores > 1)}. Every process of a run shares them: the proxy replicas,"
+        " PostgreSQL, the fake upstream and the 64 clients. More replicas cannot add throughput here, they"
+        " compete for the same cores; the PostgreSQL rows show that several replicas on one database stay"
+        " correct (nothing lost, nothing duplicated, the expected forks), not how they scale on more machines.\n"
+    )
+    header, rule = table([]).splitlines()
+    print(header, rule, sep="\n", flush=True)
+    results: list[LoadResult] = []
+    with contextlib.ExitStack() as stack:
+        server = args.database
+        if server is None and any(replicas for replicas, _, _ in runs):
+            from tests.pg_cluster import Cluster
+
+            server = stack.enter_context(Cluster()).dsn("postgres")  # one cluster, a database per run
+        for n, w, k in runs:
+            results.append(
+                run_load(64, 20, requests, workers=w, replicas=n, database=server if n else None, kill_one=k)
+            )
+            print(table(results[-1:]).splitlines()[-1], flush=True)  # each row as soon as it is measured
     print()
     for r in results:
         print(details(r))
@@ -761,4 +954,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["upstream"]:
         serve_upstream(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        main(quick="--quick" in sys.argv)
+        main(quick="--quick" in sys.argv, argv=[a for a in sys.argv[1:] if a != "--quick"])

@@ -95,6 +95,8 @@ class GeneralSettings(_Strict):
     # postgresql://... (LiteLLM proxy's key; sqlite:///DIR is read as data_dir): conversations in PostgreSQL,
     # shared by every replica. None: SQLite under data_dir.
     database_url: str | None = None
+    # LiteLLM's key: PostgreSQL connections each worker process keeps at most.
+    database_connection_pool_limit: int = Field(default=16, ge=1, le=1000)
     # Seconds for one upstream call (LiteLLM's own default is 6000 s, far too long for a proxy).
     request_timeout: float = Field(default=600.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
@@ -132,7 +134,7 @@ class GeneralSettings(_Strict):
         return "0.0.0.0" if self.api_keys else LOOPBACK_HOST
 
     def location(self) -> Location:
-        return Location(self.resolved_data_dir(), self.database_url)
+        return Location(self.resolved_data_dir(), self.database_url, self.database_connection_pool_limit)
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir is not None:

@@ -161,3 +161,12 @@ def test_no_real_litellm_key_is_taken_for_a_typo(litellm_types: typing.Any) -> N
     params = set(router.LiteLLM_Params.model_fields) | set(inspect.signature(litellm.completion).parameters)
     info = set(typing.get_type_hints(utils.ModelInfo)) | set(router.ModelInfo.model_fields)
     assert model_key_warnings(0, sorted(params), sorted(info)) == []
+
+
+def test_litellms_pool_limit_sizes_the_postgresql_pool() -> None:
+    model = {"model_name": "m", "litellm_params": {"model": "openai/m"}}
+    general = {"database_url": "postgresql://u@db/x", "database_connection_pool_limit": 40}
+    config = parse_config({"model_list": [model], "general_settings": general})
+    assert config.warnings == []  # ours now, not an ignored LiteLLM key
+    store, _ = config.general_settings.location().stores()
+    assert store.pool_size == 40  # type: ignore[attr-defined]

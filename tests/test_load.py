@@ -5,8 +5,9 @@ with retries, regenerates, edits, double submits, tool calls and pasted files, h
 about 1,800 requests through a real proxy process, with a window small enough that compaction runs all the
 time. Afterwards: no error, no message lost or duplicated against the clients' own records, the forks the
 clients' actions imply and no others, every forwarded request within the window with its tool calls
-paired, doctor and ``PRAGMA integrity_check`` clean. Throughput is printed by ``python -m bench load``,
-never asserted here.
+paired, doctor and the store's integrity checks (``PRAGMA integrity_check`` on SQLite) clean, all read
+through the operator API. The same run on several PostgreSQL replicas is in tests/test_replicas.py.
+Throughput is printed by ``python -m bench load``, never asserted here.
 """
 
 from __future__ import annotations

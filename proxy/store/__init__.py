@@ -25,6 +25,7 @@ def is_postgres_url(url: str) -> bool:
 class Location:
     data_dir: Path
     database_url: str | None = None  # postgresql://...; None: SQLite in data_dir
+    pool_size: int = 16  # PostgreSQL connections of this process, at most
 
     @property
     def kind(self) -> str:
@@ -53,7 +54,7 @@ class Location:
         if self.database_url is not None:
             from proxy.store.postgres import PostgresBlobs, PostgresStore
 
-            store = PostgresStore(self.database_url)
+            store = PostgresStore(self.database_url, pool_size=self.pool_size)
             return store, PostgresBlobs(store)
         from proxy.store.files import FileStore
         from proxy.store.sqlite import SQLiteStore
