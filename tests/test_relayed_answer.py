@@ -8,11 +8,14 @@ ends with that answer (``export`` has it); a client that sends it back unchanged
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
+import orjson
 
 from proxy.errors import ProxyError, UpstreamError
 from proxy.wire.routes import Answer, _relay
@@ -158,3 +161,32 @@ def test_several_choices_are_not_one_answer() -> None:
     assert answer.message is None
     asyncio.run(answer.keep_result({"choices": [{"index": 0, "message": message}]}))
     assert answer.message == message
+
+
+def test_an_answer_to_an_earlier_request_does_not_replace_the_answer_to_a_later_one(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """Of two requests with one transcript (an attempt on a slow link and the client's retry), the one that
+    ARRIVED later keeps its answer, even when the earlier one's body was read last: the order is the client's,
+    not the upload's."""
+    transcript = [{"role": "user", "content": "What is a fork?"}]
+    body = orjson.dumps({"model": "test-model", "messages": transcript})
+    fake_upstream.enqueue(Reply(content="answer R"), Reply(content="answer X"))
+    address = urlsplit(proxy.url)
+    with socket.create_connection((address.hostname or "127.0.0.1", address.port or 80)) as x:
+        # X: the headers and all of the body but its last byte.
+        x.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:-1])
+        )
+        # R: the retry, answered at once.
+        r = httpx.post(f"{proxy.base_url}/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "answer R"
+        cid = r.headers["x-lcm-conversation-id"]
+        x.sendall(body[-1:])  # X's body completes now, after R was answered
+        reply = b""
+        while chunk := x.recv(65536):  # X's whole response: its answer was recorded (or not) before it ended
+            reply += chunk
+    assert b"answer X" in reply
+    stored = httpx.get(f"{proxy.url}/lcm/conversations/{cid}/messages", timeout=30).json()["data"]
+    assert [m["message"]["content"] for m in stored] == ["What is a fork?", "answer R"]

@@ -209,6 +209,61 @@ def test_a_write_cancelled_while_it_begins_does_not_break_the_next(tmp_path: Pat
     assert asyncio.run(scenario()) == (True, 0)
 
 
+def test_a_write_cancelled_again_and_again_while_it_begins_does_not_break_the_next(tmp_path: Path) -> None:
+    """Starlette cancels a hung-up request through an anyio cancel scope, which cancels every await inside it
+    again, the unit's cleanup included. Its BEGIN IMMEDIATE, waiting for another worker's write lock, must still
+    be undone before the lock is released: the next unit's BEGIN failed with "cannot start a transaction within
+    a transaction" (a 500 for another client)."""
+    import asyncio
+    import sqlite3
+    import threading
+
+    import anyio
+
+    from proxy.store.sqlite import SQLiteStore
+
+    async def scenario() -> int:
+        this, other = SQLiteStore(tmp_path / "data"), SQLiteStore(tmp_path / "data")  # two workers, one file
+        await this.open()
+        await other.open()
+        holder = sqlite3.connect(this.path, isolation_level=None, check_same_thread=False)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # the other worker is writing
+            writer = this._writer
+            assert writer is not None
+            async with anyio.create_task_group() as group:
+
+                async def unit() -> None:
+                    async with this.write():
+                        pass
+
+                group.start_soon(unit)
+                for _ in range(10_000):  # until its BEGIN IMMEDIATE is in the writer's thread (a bounded wait)
+                    if this._lock.locked() and writer._tx.qsize() == 0:
+                        break
+                    await asyncio.sleep(0)
+                assert this._lock.locked(), "the unit never began"
+                group.cancel_scope.cancel()  # the client went away
+                # The other worker commits (from its own thread: every await here is cancelled too), and the
+                # unit's BEGIN gets the lock: it must be undone before this worker's next unit begins.
+                committer = threading.Thread(target=holder.execute, args=("COMMIT",))
+                committer.start()
+            committer.join(30)
+            async with other.write():
+                pass
+            async with this.write() as tx:  # this worker's next request
+                cursor = await tx.conn.execute("SELECT count(*) FROM conversations")
+                row = await cursor.fetchone()
+                await cursor.close()
+            return int(row[0]) if row else -1
+        finally:
+            holder.close()
+            await this.close()
+            await other.close()
+
+    assert asyncio.run(scenario()) == 0
+
+
 def test_a_database_locked_by_another_process_is_a_retryable_503(proxy_factory: Any, monkeypatch: Any) -> None:
     """SQLite's "database is locked" (another worker, the operator's CLI holding the write lock past the busy
     timeout) was an internal 500 marked x-should-retry: false; it is a 503 the SDKs retry."""

@@ -132,14 +132,19 @@ async def locate(q: Reads, tenant: str, chains: list[str], key: str | None) -> L
     return await _longest_prefix(q, tenant, chains, None)
 
 
-async def locate_locked(tx: Writes, tenant: str, chains: list[str], key: str | None) -> Located:
+async def locate_locked(
+    tx: Writes, tenant: str, chains: list[str], key: str | None, expected: str | None = None
+) -> Located:
     """``locate`` inside a write transaction, holding the locks that make its answer final until the commit:
     the identity locks (the client's key, the first message's chain: every conversation this transcript could
     continue starts with it) so that concurrent first requests create one conversation, then the lock of the
-    conversation found, re-reading once it is held (another replica may have written it meanwhile)."""
+    conversation found, re-reading once it is held (another replica may have written it meanwhile). The
+    conversation an earlier read ``expected`` is locked first, so that in the common case one read suffices."""
     for identity in sorted({k for k in (key, chains[0] if chains else None) if k is not None}):
         await tx.lock_identity(tenant, identity)
     held: set[str] = set()
+    if expected is not None and await tx.lock_conversation(expected):
+        held.add(expected)
     while True:
         located = await locate(tx, tenant, chains, key)
         found = located.conversation
@@ -263,6 +268,7 @@ class Ingestor:
                     explorations,
                     model,
                     batch,
+                    guess.id if guess is not None else None,
                 )
                 conversation_id, action, appended, forked_from = await self._write(commit, prepare)
         finally:
@@ -321,9 +327,10 @@ class Ingestor:
         explorations: dict[str, str],
         model: str | None,
         batch: BlobBatch,
+        expected: str | None = None,
     ) -> tuple[str, Action, int, str | None]:
         async with self.store.write() as tx:
-            located = await locate_locked(tx, tenant, chains, key)
+            located = await locate_locked(tx, tenant, chains, key, expected)
             action = located.action(len(transcript))
             if action == "fork" and await replaces_relayed_answer(tx, located, transcript):
                 # The client re-sent the answer the proxy stored when it relayed it, in its own version: the

@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -537,6 +537,31 @@ class WriteTransaction(Queries):
         )
 
 
+async def _undo(begin: asyncio.Future[Any], writer: aiosqlite.Connection) -> None:
+    with contextlib.suppress(Exception):
+        await begin
+        await writer.rollback()
+
+
+async def _uncancellable(step: Awaitable[Any]) -> Any:
+    """Run ``step`` to its end even if the caller is cancelled meanwhile, as often as anyio repeats the
+    cancellation, then let the cancellation through: the writer's lock must not be released while a BEGIN,
+    ROLLBACK or COMMIT of this unit is still queued on its connection."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise  # the step itself was cancelled, not its caller
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
 class SQLiteStore:
     kind = "sqlite"
 
@@ -618,22 +643,22 @@ class SQLiteStore:
         async with self._lock:
             if self._writer.in_transaction:  # a unit abandoned by cancellation; never build on it
                 await self._writer.rollback()
-            begin = asyncio.ensure_future(self._writer.execute("BEGIN IMMEDIATE"))
+            writer = self._writer
+            begin = asyncio.ensure_future(writer.execute("BEGIN IMMEDIATE"))
             try:
                 with _busy_is_retryable():
                     await asyncio.shield(begin)
             except asyncio.CancelledError:
-                # The BEGIN still runs in the writer's thread. Let it finish and undo it before the lock is
-                # released, or the next unit's BEGIN would fail inside this abandoned transaction.
-                with contextlib.suppress(Exception):
-                    await begin
-                    await self._writer.rollback()
+                # The BEGIN still runs in the writer's thread (it may wait for another process's lock). Let it
+                # finish and undo it before the lock is released, or the next unit's BEGIN would fail inside
+                # this abandoned transaction ("cannot start a transaction within a transaction").
+                await _uncancellable(_undo(begin, writer))
                 raise
             try:
                 with _busy_is_retryable():
-                    yield WriteTransaction(self._writer)
+                    yield WriteTransaction(writer)
             except BaseException:
-                await self._writer.rollback()
+                await _uncancellable(writer.rollback())
                 raise
             with _busy_is_retryable():
-                await self._writer.commit()
+                await _uncancellable(writer.commit())

@@ -14,7 +14,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.background import BackgroundTask
@@ -93,9 +93,9 @@ class _Call:
     target: ResolvedModel
     body: ChatBody  # as the client sent it
     key: str | None
+    asked_at: float  # when the request arrived: of several answers to one transcript, the latest asked stays
     summarizer: UpstreamSummarizer | None = None
     budget: Budget | None = None
-    asked_at: float = field(default_factory=time.time)  # of several answers to one transcript, the latest stays
 
     async def begin(self, budget: Budget) -> Preparation:
         return await self.state.engine.begin(
@@ -146,10 +146,13 @@ def _prepared_headers(prepared: Prepared, headers: dict[str, str]) -> None:
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     headers: dict[str, str] = {}
+    # When the request arrived, before its body: a slow upload abandoned for a retry must not count as the
+    # later of the two (its answer would replace the one the client got).
+    arrived = time.time()
     try:
         tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
-        call = _Call(state, tenant, state.router.resolve(body["model"]), body, _conversation_key(request))
+        call = _Call(state, tenant, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
             call.summarizer = state.summarizer_for(call.target)
