@@ -188,7 +188,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"lcm-proxy migrate: no database at {location.describe()}", file=sys.stderr)
         return 1
     try:
-        from proxy.migrate import run_migrate
+        from proxy.store.migrate import run_migrate
     except ImportError as error:
         if error.name not in ("psycopg", "psycopg_pool"):
             raise

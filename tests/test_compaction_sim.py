@@ -15,8 +15,8 @@ import httpx
 
 from proxy.engine.canonical import split_instructions
 from proxy.engine.ingest import export_conversation
-from proxy.migrate import Migration
 from proxy.store import Location
+from proxy.store.migrate import Migration
 from proxy.store.sqlite import SQLiteStore
 from tests.conftest import RunningProxy
 from tests.engine_support import unreachable_messages

@@ -17,9 +17,9 @@ from proxy.doctor import check_database
 from proxy.engine.answers import record_answer
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
-from proxy.migrate import PAYLOADS, TABLES, MigrateError, Migration, Outcome, _parents_first, report
 from proxy.store import Location
 from proxy.store.files import FileStore
+from proxy.store.migrate import PAYLOADS, TABLES, MigrateError, Migration, Outcome, _parents_first, report
 from proxy.store.sqlite import SQLiteStore
 from tests.engine_support import assistant, row_count, rows, user
 

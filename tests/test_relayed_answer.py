@@ -8,7 +8,9 @@ ends with that answer (``export`` has it); a client that sends it back unchanged
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import orjson
+import pytest
 
 from proxy.errors import ProxyError, UpstreamError
 from proxy.wire.routes import Answer, _relay
@@ -190,3 +193,35 @@ def test_an_answer_to_an_earlier_request_does_not_replace_the_answer_to_a_later_
     assert b"answer X" in reply
     stored = httpx.get(f"{proxy.url}/lcm/conversations/{cid}/messages", timeout=30).json()["data"]
     assert [m["message"]["content"] for m in stored] == ["What is a fork?", "answer R"]
+
+
+def test_the_answer_of_a_client_that_hung_up_is_not_stored(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that hangs up before its answer arrives never saw it: the conversation must not end with it (the
+    multi-replica audit found such answers as messages no client had)."""
+    caplog.set_level(logging.INFO, logger="lcm_proxy.wire")
+    transcript = [{"role": "user", "content": "Will you remember this?"}]
+    body = orjson.dumps({"model": "test-model", "messages": transcript})
+    fake_upstream.enqueue(Reply(content="an answer nobody reads", delay=0.5))
+    address = urlsplit(proxy.url)
+    with socket.create_connection((address.hostname or "127.0.0.1", address.port or 80)) as x:
+        x.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        for _ in range(1000):  # until the upstream has it (a bounded wait on a condition)
+            if fake_upstream.requests:
+                break
+            time.sleep(0.01)
+        assert fake_upstream.requests
+    # The client is gone; the upstream answers. Wait for the proxy to decide (a condition, bounded).
+    for _ in range(1000):
+        if any("the client hung up" in r.getMessage() for r in caplog.records):
+            break
+        time.sleep(0.01)
+    assert any("the client hung up" in r.getMessage() for r in caplog.records)
+    conversations = httpx.get(f"{proxy.url}/lcm/conversations", timeout=30).json()["data"]
+    (conversation,) = conversations
+    stored = httpx.get(f"{proxy.url}/lcm/conversations/{conversation['id']}/messages", timeout=30).json()["data"]
+    assert [m["message"]["content"] for m in stored] == ["Will you remember this?"]

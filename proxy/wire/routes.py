@@ -94,6 +94,7 @@ class _Call:
     body: ChatBody  # as the client sent it
     key: str | None
     asked_at: float  # when the request arrived: of several answers to one transcript, the latest asked stays
+    gone: Callable[[], Awaitable[bool]] | None = None  # whether the client hung up (``Request.is_disconnected``)
     summarizer: UpstreamSummarizer | None = None
     budget: Budget | None = None
 
@@ -121,6 +122,11 @@ class _Call:
         engine, tenant = self.state.engine, self.tenant
 
         async def record(message: Any) -> None:
+            if self.gone is not None and await self.gone():
+                # Nobody received it: storing it would put an answer in the conversation that its client never
+                # saw (the client's retry, or its next request, carries the one it did see).
+                log.info("the answer of %s was not stored: the client hung up", prepared.conversation_id)
+                return
             try:
                 await engine.record_answer(tenant, prepared, message, self.asked_at)
             except Exception as error:  # the client gets its answer anyway; its next request stores it
@@ -153,6 +159,7 @@ async def chat_completions(request: Request) -> Response:
         tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
         call = _Call(state, tenant, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
+        call.gone = request.is_disconnected
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
             call.summarizer = state.summarizer_for(call.target)
