@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.store.base import Bounds, Hit, Phrase
 from proxy.store.records import SummaryRecord
-from proxy.store.sqlite import SUM_COLUMNS, Queries
+from proxy.store.sqlite_reads import SUM_COLUMNS, Queries
 
 
 def fts_query(phrases: Sequence[Phrase]) -> str:
