@@ -643,12 +643,13 @@ class LoadResult:
 
 
 def log_errors(log: str) -> list[str]:
-    """ERROR records of the proxy's log (with their tracebacks), and any "database is locked"."""
+    """ERROR records of the proxy's log (with their tracebacks), any "database is locked", and any worker
+    process that had to be replaced (cutting what it had in flight)."""
     out: list[str] = []
     inside = False
     for line in log.splitlines():
         if re.match(r"\d{4}-\d\d-\d\d ", line):  # a new record
-            inside = " ERROR " in line or "database is locked" in line
+            inside = " ERROR " in line or "database is locked" in line or "died or stopped answering" in line
             if inside:
                 out.append(line)
         elif inside:

@@ -25,6 +25,10 @@ from proxy.config import ProxyConfig
 from proxy.logs import config_credentials, configure_logging
 
 log = logging.getLogger("lcm_proxy")
+# How long a worker process may go without answering its supervisor's ping before it is killed and replaced,
+# with every request it had in flight. uvicorn's default (5 s) kills healthy workers of a loaded or briefly
+# stalled machine; a worker that is really hung is still replaced, later.
+WORKER_HEALTHCHECK_SECONDS = 30
 CONFIG_ENV = "LCM_PROXY_CONFIG"  # where worker processes find the config (``proxy.app.app_from_environment``)
 
 
@@ -40,6 +44,19 @@ class ProxyUvicornConfig(uvicorn.Config):
     def configure_logging(self) -> None:
         super().configure_logging()
         configure_logging(self.lcm_log_level, self.lcm_credentials)
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor, saying at WARNING (not INFO) when it had to replace a worker process: the requests
+    that worker had in flight were cut, which an operator at the default log level should see."""
+
+    def keep_subprocess_alive(self) -> None:
+        before = [getattr(p, "pid", None) for p in getattr(self, "processes", [])]
+        super().keep_subprocess_alive()
+        after = [getattr(p, "pid", None) for p in getattr(self, "processes", [])]
+        for old, new in zip(before, after, strict=False):
+            if old != new:
+                log.warning("worker process %s died or stopped answering; replaced by %s", old, new)
 
 
 def _address(sock: Any) -> str:
@@ -82,10 +99,12 @@ def serve(config: ProxyConfig, config_path: str, host: str, port: int, workers: 
     if workers > 1:
         # Workers are separate processes: they build the app from the config file named in the environment.
         os.environ[CONFIG_ENV] = config_path
+        if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:
+            common["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
         uv_config = ProxyUvicornConfig("proxy.app:app_from_environment", factory=True, workers=workers, **common)
         sock = uv_config.bind_socket()  # exits the process if the port cannot be bound
         log_listening([_address(sock)], config_path)
-        supervisor: Any = Multiprocess
+        supervisor: Any = _Supervisor
         if "target" in inspect.signature(Multiprocess).parameters:  # uvicorn before 0.36
             server = _Server(uv_config, config_path)
             supervisor(uv_config, target=server.run, sockets=[sock]).run()

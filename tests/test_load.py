@@ -26,8 +26,9 @@ from tests.fakes import wait_for
 
 def test_load_run_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     result = run_load(clients=64, conversations=20, requests=1800, workers=2, workdir=tmp_path)
-    assert result.errors == []
-    assert result.log_errors == []  # no ERROR (or "database is locked") in the proxy's log
+    # No error answer, and no ERROR (or "database is locked", or a replaced worker) in the proxy's log: both
+    # at once, since the log tells why clients saw errors.
+    assert (result.log_errors, result.errors) == ([], [])
     assert result.requests >= 1800
     assert (result.lost, result.duplicated, result.mismatched) == (0, 0, [])
     assert result.roots == 20  # the racing first requests of each opening created one conversation

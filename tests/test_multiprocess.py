@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -107,3 +108,36 @@ def test_serve_with_two_workers(tmp_path: Path, upstream_url: str) -> None:
             assert exported == [results[c] for c in sorted(results, key=lambda c: f"worker client {c}")]
 
     run(check())
+
+
+def test_connections_opening_a_new_store_at_once_all_start(tmp_path: Path) -> None:
+    """Worker processes (``--workers``) open the same fresh database file at the same moment: each connection
+    switches it to WAL, the ones that find it locked wait, none fails with "database is locked" (which used to
+    stop the whole server at startup). Threads race here as processes do: each store has its own connections."""
+    from proxy.store.sqlite import SQLiteStore
+
+    errors: list[str] = []
+    for attempt in range(60):
+        data_dir = tmp_path / f"data{attempt}"
+        data_dir.mkdir()
+        (data_dir / "lcm.sqlite3").touch()  # as open() creates it, before any connection
+        barrier = threading.Barrier(6)
+
+        def open_and_close(data_dir: Path = data_dir, barrier: threading.Barrier = barrier) -> None:
+            async def main() -> None:
+                store = SQLiteStore(data_dir)
+                barrier.wait(timeout=60)
+                await store.open()
+                await store.close()
+
+            try:
+                asyncio.run(main())
+            except Exception as error:  # reported by the test
+                errors.append(f"{type(error).__name__}: {error}")
+
+        threads = [threading.Thread(target=open_and_close) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert errors == []

@@ -166,3 +166,25 @@ def test_single_process_says_listening_after_the_bind(tmp_path: Path, serve_env:
     )
     assert bound < listening, log
     assert "model local -> openai/local-model at http://127.0.0.1:9/v1" in log
+
+
+def test_a_dead_worker_is_replaced_and_said_at_warning(tmp_path: Path, serve_env: dict[str, str]) -> None:
+    """``--workers 2``: a worker process that dies (here SIGKILLed) is replaced, the proxy goes on serving,
+    and the log says so at WARNING, which an operator at the default level sees (uvicorn says it at INFO)."""
+    port = free_port()
+    served = Served(serve_config(tmp_path, port), serve_env, "--workers", "2")
+    try:
+        lines = served.wait_for("Application startup complete", count=2)
+        pids = [int(line.split("[")[1].split("]")[0]) for line in lines if "Started server process [" in line]
+        assert len(pids) == 2, lines
+        try:
+            os.kill(pids[0], signal.SIGKILL)
+        except ProcessLookupError:
+            raise AssertionError("\n".join(lines)) from None
+        lines = served.wait_for("died or stopped answering")
+        replaced = [line for line in lines if "died or stopped answering" in line]
+        assert len(replaced) == 1 and " WARNING " in replaced[0] and f"process {pids[0]} " in replaced[0], lines
+        served.wait_for("Application startup complete", count=3)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+    finally:
+        served.stop()

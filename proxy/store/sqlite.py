@@ -31,18 +31,33 @@ import aiosqlite
 
 from proxy.store.migrations import MIGRATIONS, apply_migrations
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
-from proxy.store.sqlite_reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable
+from proxy.store.sqlite_reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable, is_busy
 
 if TYPE_CHECKING:
     from proxy.store.sqlite_search import SQLiteSearches
 
 DB_NAME = "lcm.sqlite3"
 _PRAGMAS = (
-    "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable across process crashes, no fsync per commit
     "PRAGMA foreign_keys=ON",
 )
 BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another process's write lock before it gives up
+
+
+async def _switch_to_wal(conn: aiosqlite.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting out other processes doing the same. On a new file, connections of
+    several processes (``--workers``) switching it at once get "database is locked" at once: SQLite skips the
+    busy handler where waiting could deadlock (a shared lock upgrading to exclusive). It is retried here, up to
+    the busy timeout, as the busy handler would have waited."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if not is_busy(error) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.01)
 
 
 async def _connect(path: Path) -> aiosqlite.Connection:
@@ -54,14 +69,16 @@ async def _connect(path: Path) -> aiosqlite.Connection:
     worker: threading.Thread = getattr(conn, "_thread", None) or conn  # type: ignore[assignment]
     worker.daemon = True
     await conn
-    for pragma in (*_PRAGMAS, f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_MS)}"):
+    await conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_MS)}")
+    await _switch_to_wal(conn)
+    for pragma in _PRAGMAS:
         await conn.execute(pragma)
     return conn
 
 
 def _connect_on_loop(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
-    for pragma in _PRAGMAS:
+    for pragma in ("PRAGMA journal_mode=WAL", *_PRAGMAS):  # open() switched the file to WAL already: no wait
         conn.execute(pragma)
     # A WAL reader only waits during another connection's recovery; never stall the loop for long.
     conn.execute("PRAGMA busy_timeout=2000")

@@ -31,7 +31,7 @@ FILE_COLUMNS = "id, tenant, conversation_id, name, mime, kind, bytes, sha256, pa
 _BUSY = ("database is locked", "database is busy")
 
 
-def _is_busy(error: sqlite3.OperationalError) -> bool:
+def is_busy(error: sqlite3.OperationalError) -> bool:
     return any(text in str(error) for text in _BUSY)
 
 
@@ -43,7 +43,7 @@ def busy_is_retryable() -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as error:
-        if _is_busy(error):
+        if is_busy(error):
             raise StoreBusy() from error
         raise
 
