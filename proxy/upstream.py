@@ -251,28 +251,13 @@ class Upstream:
         return self._tool_callers[model]
 
     def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
-        params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}
-        call_timeout = params.pop("timeout", None)
-        stream_timeout = params.pop("stream_timeout", None)
-        timeout = float((stream_timeout if stream else None) or call_timeout or self._settings.request_timeout)
-        # A separate, short connect timeout: a dead host should fail in seconds, not after request_timeout.
-        http_timeout = httpx.Timeout(timeout, connect=min(timeout, self._settings.connect_timeout))
-        if params.get("api_base") and not params.get("api_key"):
-            # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
-            # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
-            params["api_key"] = PLACEHOLDER_KEY
-        kwargs: dict[str, Any] = {
-            **params,
-            "stream": stream,
-            "timeout": http_timeout,
-            "max_retries": 0,
-            "num_retries": 0,
-        }
+        kwargs, timeout = self.call_kwargs(target, stream)
+        kwargs["stream"] = stream
         if stream and body.get("stream_options") is not None:
             # A real keyword: inside extra_body LiteLLM silently drops the usage chunk.
             kwargs["stream_options"] = copy.deepcopy(body["stream_options"])
         extras = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
-        if _is_passthrough(params):
+        if _is_passthrough(kwargs):
             # The real messages ride in extra_body, which the OpenAI SDK merges into the JSON last. LiteLLM
             # and the SDK see none: the SDK's recursive TypedDict transform of ``messages`` costs ~0.14 ms per
             # message (140 ms for 1,000; even a one-message placeholder cost ~0.4 ms), and LiteLLM's rewrites
@@ -290,9 +275,12 @@ class Upstream:
             kwargs["_skip_mcp_handler"] = True  # else tools=[...] needs the optional 'mcp' package
         return kwargs, timeout
 
-    async def _call(self, kwargs: dict[str, Any], timeout: float, upstream: str = DEFAULT_UPSTREAM) -> Any:
+    async def _call(
+        self, kwargs: dict[str, Any], timeout: float, upstream: str = DEFAULT_UPSTREAM, function: str = "acompletion"
+    ) -> Any:
         """Make the call (resending a request that never left, retrying as configured). ``upstream`` names the
-        provider in the errors the proxy words itself (see ``describe_upstream``)."""
+        provider in the errors the proxy words itself (see ``describe_upstream``); ``function`` is the LiteLLM
+        coroutine function (``acompletion``, ``aembedding``...)."""
         attempt = 0
         resent = 0
         credentials = call_credentials(kwargs)
@@ -307,7 +295,7 @@ class Upstream:
         while True:
             try:
                 with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
-                    return await self._litellm.acompletion(**kwargs)
+                    return await getattr(self._litellm, function)(**kwargs)
             except UpstreamError as exc:
                 if resent < MAX_UNSENT_RESENDS and request_not_sent(exc):
                     resent += 1  # not a retry (the upstream saw nothing): at once, on another connection
@@ -318,6 +306,29 @@ class Upstream:
                     raise
                 attempt += 1
                 await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+
+    def call_kwargs(self, target: ResolvedModel, stream: bool = False) -> tuple[dict[str, Any], float]:
+        """The keyword arguments every call to ``target`` carries (its litellm_params, the proxy's timeouts, no
+        hidden retries, a placeholder key for a keyless api_base), and the call's timeout in seconds."""
+        params = {k: v for k, v in target.litellm_params.items() if k not in ROUTER_ONLY_PARAMS}
+        call_timeout = params.pop("timeout", None)
+        stream_timeout = params.pop("stream_timeout", None)
+        timeout = float((stream_timeout if stream else None) or call_timeout or self._settings.request_timeout)
+        # A separate, short connect timeout: a dead host should fail in seconds, not after request_timeout.
+        http_timeout = httpx.Timeout(timeout, connect=min(timeout, self._settings.connect_timeout))
+        if params.get("api_base") and not params.get("api_key"):
+            # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
+            # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
+            params["api_key"] = PLACEHOLDER_KEY
+        return {**params, "timeout": http_timeout, "max_retries": 0, "num_retries": 0}, timeout
+
+    async def call(self, function: str, target: ResolvedModel, arguments: dict[str, Any], stream: bool = False) -> Any:
+        """A LiteLLM call other than chat (``aembedding``, ``atext_completion``, ``amoderation``...) to ``target``
+        with ``arguments`` (the client's fields), under the same timeouts, retries and error boundary as chat.
+        Returns what LiteLLM returns."""
+        kwargs, timeout = self.call_kwargs(target, stream)
+        kwargs.update(arguments)
+        return await self._call(kwargs, timeout, describe_upstream(target), function)
 
     async def warm_up(self) -> None:
         """Make one failing call, streamed and not, so LiteLLM's lazy imports (~0.3 s, the OpenAI client, its
