@@ -79,6 +79,9 @@ class ApiKey(_Strict):
 
     key: str = Field(min_length=8)
     tenant: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+    # An admin key (``general_settings.master_key`` is one) may also read and delete other tenants' data
+    # under ``/lcm/`` by naming them (``?tenant=``); any other key only ever sees its own tenant.
+    admin: bool = False
 
 
 def tenant_for_bare_key(key: str) -> str:

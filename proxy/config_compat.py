@@ -92,9 +92,12 @@ def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str
         else:
             keys = general.get("api_keys") or []
             if isinstance(keys, list):
+                # The master key is an admin key (see ``ApiKey.admin``); listed among api_keys too, that entry
+                # becomes one, keeping its tenant.
+                general["api_keys"] = [_as_admin(k, master) for k in keys]
                 listed = {k if isinstance(k, str) else k.get("key") for k in keys if isinstance(k, str | dict)}
                 if master not in listed:
-                    general["api_keys"] = [*keys, {"key": master, "tenant": MASTER_TENANT}]
+                    general["api_keys"].append({"key": master, "tenant": MASTER_TENANT, "admin": True})
     url = general.pop("database_url", None)
     if isinstance(url, str) and is_postgres_url(url):
         general["database_url"] = _postgres_url(url, errors)
@@ -105,6 +108,16 @@ def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str
                 errors.append("general_settings.database_url: names another place than general_settings.data_dir")
             general["data_dir"] = str(data_dir)
     return general
+
+
+def _as_admin(entry: Any, master: str) -> Any:
+    from proxy.config import tenant_for_bare_key  # proxy.config imports this module
+
+    if entry == master:
+        return {"key": master, "tenant": tenant_for_bare_key(master), "admin": True}
+    if isinstance(entry, dict) and entry.get("key") == master:
+        return {**entry, "admin": True}
+    return entry
 
 
 def _postgres_url(url: str, errors: list[str]) -> str | None:

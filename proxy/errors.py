@@ -11,6 +11,7 @@ which knows nothing of HTTP) in ``proxy.wire.http.to_proxy_error``, YAML's in ``
     ├── InvalidRequestError          400: the request is malformed; ``param`` names the culprit
     │   └── ContextLengthExceeded    400: the newest user message and what follows do not fit the model
     ├── AuthenticationError          401: missing or unknown proxy API key
+    ├── PermissionDeniedError        403: a valid key asking for what it may not (another tenant's data)
     ├── NotFoundError                404: unknown model, conversation, summary or file
     ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``
     ├── ConversationBusyError        409: concurrent requests kept changing the conversation; retry
@@ -88,6 +89,14 @@ class AuthenticationError(ProxyError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class PermissionDeniedError(ProxyError):
+    """The key is valid but may not do this (OpenAI's 403 ``permission_error``)."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
 
 
 class NotFoundError(ProxyError):

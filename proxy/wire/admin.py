@@ -1,9 +1,11 @@
 """The admin HTTP API under ``/lcm/``: the operator commands' views over HTTP, authenticated and scoped to
-the caller's tenant (with keys configured, a key only ever sees its own tenant's conversations). Errors (an
+the caller's tenant (with keys configured, a key only ever sees its own tenant's conversations; an admin key
+may name another with ``?tenant=``), or to an end user within it (``?user=``; see ``proxy.wire.auth``). Errors (an
 unknown id, a bad pattern) are answered by the application's exception handlers (``proxy.wire.http``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -11,12 +13,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.errors import InvalidRequestError
+from proxy.errors import InvalidRequestError, PermissionDeniedError
+from proxy.wire.auth import request_user, user_scope
 from proxy.wire.http import JSONResponse
 
 if TYPE_CHECKING:
     from proxy.app import AppState
 
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}")  # as ``ApiKey.tenant``
 Handler = Callable[[Request, "AppState", str], Awaitable[dict[str, Any]]]
 
 
@@ -32,11 +36,31 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     return int(raw)
 
 
+def admin_scope(request: Request, state: AppState) -> str:
+    """The scope an admin request works in: the caller's tenant, or the one an admin key names with
+    ``?tenant=``; narrowed to an end user by ``?user=`` (or the ``X-LCM-User`` header), as chat requests are.
+    A key that is not an admin key naming another tenant is refused (403), never silently given its own."""
+    caller = state.auth.caller(request)
+    tenant = caller.tenant
+    named = request.query_params.get("tenant")
+    if named is not None and named != caller.tenant:
+        if not caller.admin:
+            raise PermissionDeniedError(
+                "Only an admin key (general_settings.master_key) may name another tenant.", param="tenant"
+            )
+        if not TENANT_NAME.fullmatch(named):
+            raise InvalidRequestError(
+                "'tenant' must be a tenant's name (letters, digits, _ . @ -)", param="tenant", code="invalid_value"
+            )
+        tenant = named
+    user = request_user(request, request.query_params.get("user"))
+    return user_scope(tenant, user)
+
+
 def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         state: AppState = request.app.state.lcm
-        tenant = state.auth.tenant_for(request)
-        return JSONResponse(await handler(request, state, tenant))
+        return JSONResponse(await handler(request, state, admin_scope(request, state)))
 
     return run
 

@@ -1,32 +1,76 @@
-"""Bearer-key authentication: a proxy API key names a tenant.
+"""Who is calling: a proxy API key names a tenant, and an end user may narrow it further.
 
 With no keys configured the proxy serves one tenant (``default``) and binds to loopback by default.
 Keys are compared in constant time, and no error message ever echoes the key that was presented.
+
+Scopes. Conversations, recall and deletion work within a *scope*: the key's tenant, or, when the request
+names an end user (OpenAI's ``user`` field, or the ``X-LCM-User`` header, which wins), that user within the
+tenant. An app serving many end users through one key thus keeps them apart: two users who open alike get
+two conversations, and neither's recall or admin view reaches the other's. The scope is the tenant's name
+followed by ``/user-`` and a salted hash of the user id (``user_scope``), so the store never keeps the raw id
+and a scope can never be mistaken for a tenant (a tenant's name has no ``/``).
+
+Admin keys (``ApiKey.admin``; LiteLLM's ``general_settings.master_key`` becomes one) may name any tenant
+under ``/lcm/`` (``?tenant=``); every other key sees its own tenant only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
 from proxy.config import ApiKey
-from proxy.errors import AuthenticationError
+from proxy.errors import AuthenticationError, InvalidRequestError
 
 DEFAULT_TENANT = "default"
+USER_HEADER = "x-lcm-user"
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    admin: bool  # may name other tenants under /lcm/
+
+
+def user_scope(tenant: str, user: str | None) -> str:
+    """The scope of ``user`` within ``tenant`` (the tenant itself when there is no user)."""
+    if not user:
+        return tenant
+    digest = hashlib.sha256(b"lcm-proxy user\x00" + tenant.encode() + b"\x00" + user.encode()).hexdigest()
+    return f"{tenant}/user-{digest[:24]}"
+
+
+def checked_user(value: object, param: str) -> str | None:
+    """An end-user id as a client sent it (any string; it is hashed), or None when absent or empty."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"Invalid '{param}': expected a string.", param=param, code="invalid_type")
+    return value.strip() or None
+
+
+def request_user(request: Request, body_user: object = None) -> str | None:
+    """The end user a request names: the ``X-LCM-User`` header, else the body's ``user`` field."""
+    header = request.headers.get(USER_HEADER)
+    if header is not None:
+        return checked_user(header.strip(), USER_HEADER)
+    return checked_user(body_user, "user")
 
 
 class Authenticator:
     def __init__(self, keys: list[ApiKey]) -> None:
-        self._keys = [(k.key.encode(), k.tenant) for k in keys]
+        self._keys = [(k.key.encode(), k.tenant, k.admin) for k in keys]
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def tenant_for(self, request: Request) -> str:
+    def caller(self, request: Request) -> Caller:
         if not self._keys:
-            return DEFAULT_TENANT
+            return Caller(DEFAULT_TENANT, admin=True)  # one tenant, on loopback: its operator
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -37,10 +81,13 @@ class Authenticator:
                     "Missing API key. Send it as 'Authorization: Bearer <key>'.", code="missing_api_key"
                 )
         presented = token.strip().encode()
-        tenant = None
-        for key, name in self._keys:  # no early exit: timing does not reveal which key matched
+        found: Caller | None = None
+        for key, tenant, admin in self._keys:  # no early exit: timing does not reveal which key matched
             if hmac.compare_digest(key, presented):
-                tenant = name
-        if tenant is None:
+                found = Caller(tenant, admin)
+        if found is None:
             raise AuthenticationError("Incorrect API key provided.")
-        return tenant
+        return found
+
+    def tenant_for(self, request: Request) -> str:
+        return self.caller(request).tenant

@@ -32,6 +32,7 @@ from proxy.summarizer import UpstreamSummarizer
 from proxy.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody, Chunk
 from proxy.upstream_errors import is_context_length_error
+from proxy.wire.auth import request_user, user_scope
 from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
 from proxy.wire.validation import validate_chat_request
@@ -89,7 +90,7 @@ class _Call:
     """One chat request on its way through: who asked, for which model, and what the engine made of it."""
 
     state: AppState
-    tenant: str
+    tenant: str  # the scope: the key's tenant, or an end user within it (``proxy.wire.auth``)
     target: ResolvedModel
     body: ChatBody  # as the client sent it
     key: str | None
@@ -158,7 +159,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         tenant = state.auth.tenant_for(request)
         body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
-        call = _Call(state, tenant, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
+        scope = user_scope(tenant, request_user(request, body.get("user")))  # the end user's, when it names one
+        call = _Call(state, scope, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
         call.gone = request.is_disconnected
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
