@@ -45,6 +45,7 @@ class Reply:
 class Recorded:
     body: dict[str, Any]
     headers: dict[str, str]
+    path: str = "/v1/chat/completions"  # the other OpenAI endpoints (``FakeUpstream.openai_routes``) record theirs
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -71,6 +72,7 @@ class FakeUpstream:
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                *self.openai_routes(),
             ]
         )
 
@@ -184,6 +186,122 @@ class FakeUpstream:
             raise
         finally:
             self.stream_finished.set()
+
+    # --- the rest of OpenAI's API: embeddings, legacy completions, moderations, audio, images ----------------
+    # Each records what it received (multipart files as {"filename", "content_type", "content"}) and answers
+    # in OpenAI's shape; a scripted ``Reply`` with an error status is answered as that error instead.
+
+    def openai_routes(self) -> list[Route]:
+        return [
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/moderations", self.moderations, methods=["POST"]),
+            Route("/v1/audio/transcriptions", self.transcriptions, methods=["POST"]),
+            Route("/v1/audio/translations", self.transcriptions, methods=["POST"]),
+            Route("/v1/audio/speech", self.speech, methods=["POST"]),
+            Route("/v1/images/generations", self.images, methods=["POST"]),
+            Route("/v1/images/edits", self.images, methods=["POST"]),
+        ]
+
+    async def _record(self, request: Request) -> tuple[dict[str, Any], Reply]:
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            body: dict[str, Any] = {}
+            async with request.form() as form:
+                for key in form:  # a repeated field (``image[]``, several images) is recorded as a list
+                    values = [v if isinstance(v, str) else await self._upload(v) for v in form.getlist(key)]
+                    body[key] = values if len(values) > 1 else values[0]
+        else:
+            body = json.loads(await request.body())
+        self.requests.append(Recorded(body=body, headers=dict(request.headers), path=request.url.path))
+        return body, self.script.popleft() if self.script else Reply()
+
+    @staticmethod
+    async def _upload(upload: Any) -> dict[str, Any]:
+        return {"filename": upload.filename, "content_type": upload.content_type, "content": await upload.read()}
+
+    @staticmethod
+    def _error(reply: Reply) -> Response | None:
+        if reply.status == 200:
+            return None
+        error = {"message": reply.error_message, "type": reply.error_type, "param": None, "code": reply.error_code}
+        return JSONResponse({"error": error}, status_code=reply.status)
+
+    async def embeddings(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        vector = [0.25, -0.5, 1.0]
+        embedding: Any = vector
+        if body.get("encoding_format") == "base64":
+            import base64
+            import struct
+
+            embedding = base64.b64encode(struct.pack("<3f", *vector)).decode()
+        data = [{"object": "embedding", "index": i, "embedding": embedding} for i in range(len(inputs))]
+        usage = {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}
+        return JSONResponse({"object": "list", "data": data, "model": body["model"], "usage": usage})
+
+    async def completions(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        text = reply.content or ""
+        base = {"id": "cmpl-fake", "object": "text_completion", "created": 1700000000, "model": body["model"]}
+        if not body.get("stream"):
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
+            return JSONResponse({**base, "choices": [choice], "usage": reply.usage})
+
+        async def events():  # type: ignore[no-untyped-def]
+            for i, word in enumerate(text.split(" ")):
+                if reply.cut_after is not None and i >= reply.cut_after:
+                    return  # the connection ends without a finish_reason
+                piece = word if i == 0 else " " + word
+                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+                yield "data: " + json.dumps({**base, "choices": [choice]}) + "\n\n"
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+            yield "data: " + json.dumps({**base, "choices": [choice]}) + "\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield "data: " + json.dumps({**base, "choices": [], "usage": reply.usage}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def moderations(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        categories = {"harassment": False, "violence": True}
+        scores = {"harassment": 0.01, "violence": 0.93}
+        results = [{"flagged": True, "categories": categories, "category_scores": scores} for _ in inputs]
+        return JSONResponse({"id": "modr-fake", "model": body.get("model", "omni-moderation-latest"), "results": results})
+
+    async def transcriptions(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        text = reply.content or ""
+        if body.get("response_format") in ("text", "srt", "vtt"):
+            return Response(text, media_type="text/plain")
+        return JSONResponse({"text": text, "usage": {"type": "duration", "seconds": 2}})
+
+    async def speech(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        media = {"wav": "audio/wav", "opus": "audio/ogg"}.get(body.get("response_format", "mp3"), "audio/mpeg")
+        return Response(b"ID3fake-audio:" + str(body["input"]).encode(), media_type=media)
+
+    async def images(self, request: Request) -> Response:
+        body, reply = await self._record(request)
+        if (error := self._error(reply)) is not None:
+            return error
+        count = int(body.get("n") or 1)
+        image = {"b64_json": "iVBORw0KGgo=", "revised_prompt": body["prompt"]}
+        details = {"text_tokens": 5, "image_tokens": 0}
+        usage = {"input_tokens": 5, "input_tokens_details": details, "output_tokens": 10, "total_tokens": 15}
+        return JSONResponse({"created": 1700000000, "data": [image] * count, "usage": usage})
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
