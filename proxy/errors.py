@@ -31,7 +31,7 @@ from typing import Any
 
 # Statuses for which retrying the same request cannot succeed. Responses with these carry
 # ``x-should-retry: false`` so that OpenAI SDKs do not resend them behind the user's back.
-NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422, 501})
 
 
 class ProxyError(Exception):

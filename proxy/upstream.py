@@ -7,9 +7,11 @@ Three jobs:
   OpenAI SDK inside LiteLLM merges into the JSON last), *including* ``messages``, so LiteLLM's rewrites
   (``developer`` -> ``system``, dropped ``refusal: null``/``content: null``) never reach the wire. Other
   providers get the standard OpenAI parameters as keyword arguments, for LiteLLM to translate.
-* **No hidden retries, real timeouts.** LiteLLM's and the OpenAI SDK's retries are switched off; the proxy's
-  own ``upstream_retries`` applies before the first byte only. A stream's timeout counts data, not bytes: an
-  upstream that sends only keep-alive comments is cut off like one that sends nothing.
+* **No hidden retries, real timeouts.** LiteLLM's and the OpenAI SDK's retries are switched off. Every call
+  goes through ``Upstream._call``: one pass over the model's deployments and fallbacks (``proxy.balancer``),
+  each tried once, moving on only on a retryable failure before the first byte; the proxy's own
+  ``upstream_retries`` repeats that pass. A stream's timeout counts data, not bytes: an upstream that sends
+  only keep-alive comments is cut off like one that sends nothing.
 * **One error boundary.** ``proxy.upstream_errors.map_litellm_exceptions`` turns every LiteLLM/OpenAI/httpx/
   aiohttp exception into a ``proxy.errors.UpstreamError`` carrying the upstream's status and fields. What the
   upstream answered is checked before anything reads it (``proxy.upstream_stream``, ``proxy.rounds``): a
@@ -27,19 +29,20 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from proxy.balancer import Balancer, backoff, switch_line, switchable
 from proxy.config import GeneralSettings
 from proxy.errors import UpstreamError
-from proxy.redaction import credential_values, environment_credentials, rules
+from proxy.redaction import environment_credentials, rules
 from proxy.rounds import Round
 from proxy.routing import ResolvedModel
-from proxy.types import ChatBody, Chunk, JSONObject
+from proxy.types import ChatBody, JSONObject
 from proxy.upstream_errors import (
     DEFAULT_UPSTREAM,
     describe_upstream,
@@ -49,7 +52,17 @@ from proxy.upstream_errors import (
     request_not_sent,
     translate_exception,
 )
-from proxy.upstream_stream import UpstreamStream, sse_chunks, truncated
+from proxy.upstream_openai import OPENAI_CALLS, unsupported
+from proxy.upstream_params import (
+    OWN_CLIENT_CALLS,
+    PLACEHOLDER_KEY,
+    ROUTER_ONLY_PARAMS,
+    TRANSLATED_PARAMS,
+    call_credentials,
+    no_retries_client,
+)
+from proxy.upstream_shapes import response_to_json
+from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
 
 __all__ = [
     "Upstream",
@@ -62,21 +75,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("lcm_proxy.upstream")
-
-# Keys LiteLLM Router understands in litellm_params but completion() does not.
-ROUTER_ONLY_PARAMS = frozenset(
-    {"rpm", "tpm", "weight", "order", "max_parallel_requests", "model_name", "use_in_pass_through", "tags"}
-)
-# OpenAI chat parameters LiteLLM translates for non-OpenAI providers.
-TRANSLATED_PARAMS = frozenset(
-    {
-        "temperature", "top_p", "n", "stop", "max_tokens", "max_completion_tokens", "presence_penalty",
-        "frequency_penalty", "logit_bias", "user", "response_format", "seed", "tools", "tool_choice",
-        "parallel_tool_calls", "logprobs", "top_logprobs", "reasoning_effort", "metadata", "modalities",
-        "audio", "prediction", "web_search_options", "functions", "function_call",
-    }
-)  # fmt: skip
-_NOISE_KEYS = ("provider_specific_fields", "citations")
 
 _litellm: Any = None
 
@@ -98,6 +96,8 @@ def load_litellm() -> Any:
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners on stdout
     litellm.telemetry = False
     litellm.drop_params = False
+    # The embedding call reads max_retries=0 as "unset" and falls back to this (2): no hidden retries.
+    litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]
     _skip_cost_tracking(litellm)
     # LiteLLM logs every call at INFO, through a handler of its own and again through the root logger: two
     # lines per call in two formats. Its warnings and errors are what an operator needs, in our format.
@@ -152,82 +152,20 @@ def _is_passthrough(params: dict[str, Any]) -> bool:
     return _is_passthrough_model(str(params["model"]), params.get("custom_llm_provider"), params.get("api_base"))
 
 
-# Not a credential: the key sent to an api_base configured without one (see ``Upstream._kwargs``).
-PLACEHOLDER_KEY = "no-key-configured"
 MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale, together
 
 
-def call_credentials(params: Mapping[str, Any]) -> tuple[str, ...]:
-    """Every credential a call could carry: its api_key and the other credential-looking values of its
-    parameters (aws_secret_access_key, vertex_credentials, every extra_headers value…). Keys LiteLLM reads
-    from the environment are added by ``redact_upstream_message`` itself."""
-    own = {k: v for k, v in params.items() if k not in TRANSLATED_PARAMS and k not in ("messages", "extra_body")}
-    return tuple(v for v in credential_values(own) if v != PLACEHOLDER_KEY)
-
-
-# --- response shapes ---------------------------------------------------------------------------------------
-
-
-def response_to_json(response: Any) -> JSONObject:
-    """LiteLLM's ModelResponse as OpenAI's wire JSON."""
-    data: JSONObject = response.model_dump(exclude_none=True)
-    for key in _NOISE_KEYS:
-        data.pop(key, None)
-    for choice in data.get("choices", []):
-        choice.pop("provider_specific_fields", None)
-        message = choice.get("message")
-        if isinstance(message, dict):
-            extra = message.pop("provider_specific_fields", None) or {}
-            if "refusal" in extra:
-                message["refusal"] = extra["refusal"]
-            message.setdefault("content", None)
-    return data
-
-
-def chunk_to_json(chunk: Any, include_usage: bool) -> Chunk | None:
-    """One streamed chunk as OpenAI's wire JSON, or None when it must not be sent."""
-    data: Chunk = chunk.model_dump(exclude_none=True)
-    for key in _NOISE_KEYS:
-        data.pop(key, None)
-    usage = data.pop("usage", None)
-    choices = data.get("choices", [])
-    for choice in choices:
-        choice.pop("provider_specific_fields", None)
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            delta.pop("provider_specific_fields", None)
-    is_usage_chunk = usage is not None and all(not c.get("delta") and not c.get("finish_reason") for c in choices)
-    if is_usage_chunk:
-        if not include_usage:
-            return None
-        # OpenAI sends the usage chunk with an empty choices list; LiteLLM sends one empty choice.
-        data["choices"] = []
-        data["usage"] = usage
-    return data
-
-
 # --- calls -------------------------------------------------------------------------------------------------
-
-
-async def _litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Chunk]:
-    """Chunks as LiteLLM translated them: providers that do not speak OpenAI's wire format."""
-    async for chunk in wrapper:
-        # LiteLLM turns an upstream stream that ends without a finish_reason into a clean "stop". A client
-        # must learn its answer was cut, so a finish the upstream never sent becomes an error instead.
-        finished = any(getattr(c, "finish_reason", None) for c in getattr(chunk, "choices", []) or [])
-        if finished and getattr(wrapper, "received_finish_reason", "unknown") is None:
-            raise truncated()
-        data = chunk_to_json(chunk, include_usage)
-        if data is not None:
-            yield data
 
 
 class Upstream:
     def __init__(self, settings: GeneralSettings) -> None:
         self._settings = settings
         self._litellm = load_litellm()
+        self.balancer = Balancer(settings)  # which deployment of a model first: in-flight counts, cooldowns
         self._windows: dict[str, int | None] = {}
         self._tool_callers: dict[str, bool | None] = {}
+        self._clients: dict[tuple[Any, ...], Any] = {}  # see ``_openai_client``
 
     def context_window(self, model: str) -> int | None:
         """The input-token limit LiteLLM's (bundled, offline) model map knows for ``model``, if any."""
@@ -276,12 +214,57 @@ class Upstream:
         return kwargs, timeout
 
     async def _call(
+        self,
+        target: ResolvedModel,
+        build: Callable[[ResolvedModel], tuple[dict[str, Any], float]],
+        function: str = "acompletion",
+        opened: Callable[[ResolvedModel, Any, dict[str, Any], float], Awaitable[Any]] | None = None,
+    ) -> Any:
+        """Every LiteLLM call happens here: one pass over ``target``'s deployments and fallbacks in the balancer's
+        order, each tried once with ``build(deployment)``'s kwargs and timeout; a retryable failure (``switchable``)
+        moves on to the next at once. ``opened(deployment, answer, kwargs, timeout)`` finishes an attempt (a stream
+        reads its first chunk there, so a failure before it moves on too). When the whole pass failed,
+        ``upstream_retries`` repeats it after a backoff. A deployment is busy until its answer or stream ends."""
+        attempt, alone = 0, len(target.candidates()) == 1
+        while True:
+            chain = self.balancer.order(target)
+            for position, candidate in enumerate(chain):
+                kwargs, timeout = build(candidate)
+                end = self.balancer.start(candidate)
+                try:
+                    answer = await self._send(kwargs, timeout, describe_upstream(candidate), function)
+                    result = answer if opened is None else await opened(candidate, answer, kwargs, timeout)
+                except UpstreamError as exc:
+                    end()
+                    if not switchable(exc):
+                        raise
+                    if not alone:
+                        self.balancer.failed(candidate)
+                    error = exc
+                    if position + 1 < len(chain):
+                        log.warning("%s", switch_line(candidate, exc, chain[position + 1]))
+                    continue
+                except BaseException:
+                    end()
+                    raise
+                if isinstance(result, UpstreamStream):
+                    result.on_close(end)  # busy until the stream is closed
+                else:
+                    end()
+                self.balancer.succeeded(candidate)
+                return result
+            if attempt >= self._settings.upstream_retries:
+                raise error
+            attempt += 1
+            await asyncio.sleep(backoff(attempt))
+
+    async def _send(
         self, kwargs: dict[str, Any], timeout: float, upstream: str = DEFAULT_UPSTREAM, function: str = "acompletion"
     ) -> Any:
-        """Make the call (resending a request that never left, retrying as configured). ``upstream`` names the
-        provider in the errors the proxy words itself (see ``describe_upstream``); ``function`` is the LiteLLM
-        coroutine function (``acompletion``, ``aembedding``...)."""
-        attempt = 0
+        """One call to one deployment. A request that never left (``request_not_sent``) is sent again at once,
+        on another connection: not a retry, the upstream saw nothing. ``upstream`` names the provider in the
+        errors the proxy words itself (see ``describe_upstream``); ``function`` is the LiteLLM coroutine
+        function (``acompletion``, ``aembedding``...)."""
         resent = 0
         credentials = call_credentials(kwargs)
         if log.isEnabledFor(logging.DEBUG):  # names and sizes only: never content
@@ -295,17 +278,14 @@ class Upstream:
         while True:
             try:
                 with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
+                    if function in OPENAI_CALLS:
+                        return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
             except UpstreamError as exc:
                 if resent < MAX_UNSENT_RESENDS and request_not_sent(exc):
-                    resent += 1  # not a retry (the upstream saw nothing): at once, on another connection
+                    resent += 1
                     continue
-                # A body that could not be read was answered (and billed): the same request is not sent again.
-                retryable = (exc.status == 429 or exc.status >= 500) and exc.code != "upstream_bad_response"
-                if not retryable or attempt >= self._settings.upstream_retries:
-                    raise
-                attempt += 1
-                await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+                raise
 
     def call_kwargs(self, target: ResolvedModel, stream: bool = False) -> tuple[dict[str, Any], float]:
         """The keyword arguments every call to ``target`` carries (its litellm_params, the proxy's timeouts, no
@@ -320,15 +300,42 @@ class Upstream:
             # Without a key the OpenAI SDK inside LiteLLM would send the proxy's own $OPENAI_API_KEY to
             # whatever api_base says. Local servers ignore the key; a placeholder keeps ours private.
             params["api_key"] = PLACEHOLDER_KEY
+        if self._settings.drop_params:
+            params.setdefault("drop_params", True)  # LiteLLM drops what the provider does not support
         return {**params, "timeout": http_timeout, "max_retries": 0, "num_retries": 0}, timeout
 
     async def call(self, function: str, target: ResolvedModel, arguments: dict[str, Any], stream: bool = False) -> Any:
         """A LiteLLM call other than chat (``aembedding``, ``atext_completion``, ``amoderation``...) to ``target``
         with ``arguments`` (the client's fields), under the same timeouts, retries and error boundary as chat.
         Returns what LiteLLM returns."""
-        kwargs, timeout = self.call_kwargs(target, stream)
-        kwargs.update(arguments)
-        return await self._call(kwargs, timeout, describe_upstream(target), function)
+
+        def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
+            kwargs, timeout = self.call_kwargs(candidate, stream)
+            if function in OWN_CLIENT_CALLS and _is_passthrough(kwargs):
+                kwargs["client"] = self._openai_client(kwargs)
+            return {**kwargs, **arguments}, timeout
+
+        return await self._call(target, build, function)
+
+    async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
+        """A call LiteLLM has no function for (``proxy.upstream_openai``), to an OpenAI-compatible provider."""
+        call, what = OPENAI_CALLS[function]
+        if not _is_passthrough(kwargs):
+            raise unsupported(what, upstream)
+        provider, base = kwargs.get("custom_llm_provider"), kwargs.get("api_base")
+        model = self._litellm.get_llm_provider(model=kwargs["model"], custom_llm_provider=provider, api_base=base)[0]
+        return await call(kwargs, model, self._openai_client(kwargs))
+
+    def _openai_client(self, kwargs: dict[str, Any]) -> Any:
+        """An OpenAI client with no retries and the call's timeouts, one per api_base, key and timeout."""
+        timeout: httpx.Timeout = kwargs["timeout"]
+        key = (kwargs.get("api_base"), kwargs.get("api_key"), timeout.read, timeout.connect)
+        if key not in self._clients:
+            self._clients[key] = no_retries_client()(
+                api_key=kwargs.get("api_key") or PLACEHOLDER_KEY, base_url=kwargs.get("api_base"), max_retries=0,
+                timeout=timeout,
+            )  # fmt: skip
+        return self._clients[key]
 
     async def warm_up(self) -> None:
         """Make one failing call, streamed and not, so LiteLLM's lazy imports (~0.3 s, the OpenAI client, its
@@ -356,30 +363,36 @@ class Upstream:
                     )
 
     async def complete(self, target: ResolvedModel, body: ChatBody) -> JSONObject:
-        kwargs, timeout = self._kwargs(target, body, stream=False)
-        upstream = describe_upstream(target)
-        result = response_to_json(await self._call(kwargs, timeout, upstream))
-        # What LiteLLM let through must still be an answer every reader can use (a tool call with no name
-        # is not): a 502 naming the upstream, here, for the plain path and the recall loop alike.
-        Round.from_response(result, upstream)
+        async def checked(candidate: ResolvedModel, answer: Any, kwargs: dict[str, Any], timeout: float) -> JSONObject:
+            result = response_to_json(answer)
+            # What LiteLLM let through must still be an answer every reader can use (a tool call with no name
+            # is not): a 502 naming the upstream, here, for the plain path and the recall loop alike.
+            Round.from_response(result, describe_upstream(candidate))
+            return result
+
+        result: JSONObject = await self._call(target, lambda c: self._kwargs(c, body, stream=False), opened=checked)
         return result
 
     async def open_stream(self, target: ResolvedModel, body: ChatBody) -> UpstreamStream:
-        """Start a streamed completion and wait for its first chunk, so early failures raise here."""
-        kwargs, timeout = self._kwargs(target, body, stream=True)
-        upstream = describe_upstream(target)
-        wrapper = await self._call(kwargs, timeout, upstream)
+        """Start a streamed completion and wait for its first chunk, so early failures raise here (and may
+        move on to another deployment: nothing has reached the client yet)."""
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
-        credentials = call_credentials(kwargs)
-        if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
-            chunks = sse_chunks(response, include_usage, credentials, upstream)
-        else:
-            chunks = _litellm_chunks(wrapper, include_usage)
-        stream = UpstreamStream(wrapper, chunks, timeout, credentials, upstream)
-        try:
-            await stream.prime()
-        except BaseException:
-            await stream.aclose()
-            raise
+
+        async def primed(candidate: ResolvedModel, wrapper: Any, kwargs: dict[str, Any], timeout: float) -> Any:
+            upstream = describe_upstream(candidate)
+            response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
+            credentials = call_credentials(kwargs)
+            if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
+                chunks = sse_chunks(response, include_usage, credentials, upstream)
+            else:
+                chunks = litellm_chunks(wrapper, include_usage)
+            stream = UpstreamStream(wrapper, chunks, timeout, credentials, upstream)
+            try:
+                await stream.prime()
+            except BaseException:
+                await stream.aclose()
+                raise
+            return stream
+
+        stream: UpstreamStream = await self._call(target, lambda c: self._kwargs(c, body, stream=True), opened=primed)
         return stream

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.rounds import bad_stream, check_chunk
 from proxy.types import Chunk
 from proxy.upstream_errors import DEFAULT_UPSTREAM, is_cut_off, map_litellm_exceptions, redact_upstream_message
+from proxy.upstream_shapes import chunk_to_json
 
 log = logging.getLogger("lcm_proxy.upstream")
 
@@ -116,6 +118,12 @@ class UpstreamStream:
         self._credentials = tuple(credentials)
         self._upstream = upstream
         self._first: Chunk | None = None
+        self._closed: Callable[[], None] | None = None
+
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` (idempotent) once the stream is closed, or collected unclosed (never iterated)."""
+        self._closed = hook
+        weakref.finalize(self, hook)
 
     async def prime(self) -> None:
         """Read the first chunk now: failures before the first byte become a real HTTP status."""
@@ -149,9 +157,26 @@ class UpstreamStream:
             await self.aclose()
 
     async def aclose(self) -> None:
-        for close in (getattr(self._chunks, "aclose", None), getattr(self._wrapper, "aclose", None)):
-            if close is not None:
-                try:
-                    await close()
-                except Exception:  # closing a broken connection must never mask the real outcome
-                    log.debug("error while closing upstream stream", exc_info=True)
+        try:
+            for close in (getattr(self._chunks, "aclose", None), getattr(self._wrapper, "aclose", None)):
+                if close is not None:
+                    try:
+                        await close()
+                    except Exception:  # closing a broken connection must never mask the real outcome
+                        log.debug("error while closing upstream stream", exc_info=True)
+        finally:
+            if self._closed is not None:
+                self._closed()
+
+
+async def litellm_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[Chunk]:
+    """Chunks as LiteLLM translated them: providers that do not speak OpenAI's wire format."""
+    async for chunk in wrapper:
+        # LiteLLM turns an upstream stream that ends without a finish_reason into a clean "stop". A client
+        # must learn its answer was cut, so a finish the upstream never sent becomes an error instead.
+        finished = any(getattr(c, "finish_reason", None) for c in getattr(chunk, "choices", []) or [])
+        if finished and getattr(wrapper, "received_finish_reason", "unknown") is None:
+            raise truncated()
+        data = chunk_to_json(chunk, include_usage)
+        if data is not None:
+            yield data

@@ -227,9 +227,7 @@ def test_a_key_is_required(
 def test_upstream_errors_on_embeddings_map_as_chat_does(
     proxy: RunningProxy, fake_upstream: FakeUpstream, status: int, message: str
 ) -> None:
-    # LiteLLM's embedding call retries twice on its own whatever max_retries says (see the test below): every
-    # attempt gets the same error.
-    fake_upstream.enqueue(*[Reply(status=status, error_message=message, error_type="requests")] * 3)
+    fake_upstream.enqueue(Reply(status=status, error_message=message, error_type="requests"))
     response = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "test-model", "input": "x"}, timeout=30)
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -239,15 +237,22 @@ def test_upstream_errors_on_embeddings_map_as_chat_does(
     assert UPSTREAM_KEY not in response.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LiteLLM 1.106 reads max_retries=0 as 'use DEFAULT_MAX_RETRIES' (2) for embeddings; the fix belongs in"
-    " proxy/upstream.py (litellm.DEFAULT_MAX_RETRIES = 0 in load_litellm)",
-)
-def test_embeddings_make_no_hidden_retries(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+NO_RETRY_CALLS = [
+    ("/embeddings", {"model": "test-model", "input": "x"}),
+    ("/moderations", {"model": "test-model", "input": "x"}),
+    ("/images/generations", {"model": "test-model", "prompt": "a cat"}),
+    ("/completions", {"model": "test-model", "prompt": "x"}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), NO_RETRY_CALLS, ids=[p for p, _ in NO_RETRY_CALLS])
+def test_no_hidden_retries(proxy: RunningProxy, fake_upstream: FakeUpstream, path: str, body: dict[str, Any]) -> None:
+    """LiteLLM's embedding call reads max_retries=0 as its default (2), and its moderation and image calls
+    build OpenAI clients that retry twice whatever they are told: the proxy's own retry policy is the only
+    one (``upstream_retries``, 0 here), so the upstream sees one attempt."""
     fake_upstream.enqueue(*[Reply(status=500, error_message="boom")] * 3)
-    response = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "test-model", "input": "x"}, timeout=30)
-    assert response.status_code == 500
+    response = httpx.post(f"{proxy.base_url}{path}", json=body, timeout=30)
+    assert response.status_code == 500, response.text
     assert len(fake_upstream.requests) == 1
 
 
@@ -398,13 +403,26 @@ def test_uploads_over_the_size_cap_are_413(proxy_factory: Any, fake_upstream: Fa
     assert fake_upstream.requests == []
 
 
-def test_translations_are_a_clear_501(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    with pytest.raises(openai.APIStatusError) as info:
+@pytest.mark.parametrize("response_format", ["json", "text"])
+def test_audio_translation(keyed: RunningProxy, fake_upstream: FakeUpstream, response_format: str) -> None:
+    """LiteLLM has no translation call; the upstream makes it with the OpenAI SDK (same key, no retries)."""
+    fake_upstream.enqueue(Reply(content="words in English"))
+    result = sdk(keyed).audio.translations.create(
+        model="test-model", file=("clip.wav", WAV, "audio/wav"), prompt="a talk", response_format=response_format,
+        extra_body={"vendor_option": "7"},
+    )  # fmt: skip
+    assert (result if isinstance(result, str) else result.text).strip() == "words in English"
+    body = assert_forwarded_with_upstream_key(fake_upstream, "/v1/audio/translations")
+    assert body["file"] == {"filename": "clip.wav", "content_type": "audio/wav", "content": WAV}
+    assert body["model"] == "fake-model" and body["prompt"] == "a talk" and body["vendor_option"] == "7"
+    assert body["response_format"] == response_format
+
+
+def test_audio_translation_makes_no_hidden_retries(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.enqueue(*[Reply(status=500, error_message="boom")] * 3)
+    with pytest.raises(openai.InternalServerError):
         sdk(proxy).audio.translations.create(model="test-model", file=("clip.wav", WAV, "audio/wav"))
-    assert info.value.status_code == 501
-    assert info.value.response.headers["x-should-retry"] == "false"  # SDKs retry other 5xx
-    assert info.value.code == "unsupported_endpoint"
-    assert fake_upstream.requests == []
+    assert len(fake_upstream.requests) == 1
 
 
 @pytest.mark.parametrize(("method", "path"), [("POST", "/v1/assistants"), ("GET", "/v1/files"), ("GET", "/nothing")])
@@ -428,3 +446,17 @@ def test_wrong_method_is_an_openai_405(proxy: RunningProxy, method: str, path: s
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == "method_not_allowed" and error["type"] == "invalid_request_error"
+
+
+def test_translation_to_a_provider_that_is_not_openai_compatible_is_a_501(
+    proxy_factory: Any, fake_upstream: FakeUpstream
+) -> None:
+    """Only the OpenAI SDK makes this call, so a provider LiteLLM translates for cannot get it: a 501 that SDKs
+    do not retry, before anything is sent."""
+    claude = {"model_name": "claude", "litellm_params": {"model": "anthropic/claude-3-5-haiku", "api_key": "sk-ant-x"}}
+    proxy = proxy_factory(models=[claude])
+    with pytest.raises(openai.APIStatusError) as info:
+        sdk(proxy).audio.translations.create(model="claude", file=("clip.wav", WAV, "audio/wav"))
+    assert info.value.status_code == 501 and info.value.code == "unsupported_endpoint"
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert fake_upstream.requests == []

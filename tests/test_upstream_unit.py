@@ -175,7 +175,7 @@ def test_aiohttp_write_failure_is_sent_again(monkeypatch: pytest.MonkeyPatch) ->
         return "answered"
 
     monkeypatch.setattr(upstream._litellm, "acompletion", acompletion)
-    assert run(upstream._call({}, 2.0)) == "answered"
+    assert run(upstream._send({}, 2.0)) == "answered"
     assert len(calls) == 2
 
 
@@ -252,7 +252,7 @@ def test_translated_stream_chunks_and_truncation(provider_finished: bool) -> Non
     LiteLLM made up for a cut stream is an error."""
     from litellm.types.utils import ModelResponseStream, StreamingChoices, Usage
 
-    from proxy.upstream import _litellm_chunks
+    from proxy.upstream_stream import litellm_chunks as _litellm_chunks
 
     chunks = [
         ModelResponseStream(choices=[StreamingChoices(index=0, delta={"role": "assistant", "content": "hi"})]),

@@ -23,7 +23,8 @@ from starlette.routing import Route
 
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError
 from proxy.routing import ResolvedModel
-from proxy.upstream import UpstreamStream, call_credentials, describe_upstream
+from proxy.upstream import UpstreamStream, describe_upstream
+from proxy.upstream_params import call_credentials
 from proxy.upstream_stream import truncated
 from proxy.wire import passthrough_uploads as uploads
 from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error

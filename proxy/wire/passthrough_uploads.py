@@ -1,6 +1,6 @@
-"""Multipart uploads passed through: audio transcription and image edits (``proxy.wire.passthrough`` has the
-JSON endpoints and the routes, ``proxy.wire.passthrough_shapes`` the checks). Audio translation is answered
-501: see ``translations``.
+"""Multipart uploads passed through: audio transcription and translation, image edits
+(``proxy.wire.passthrough`` has the JSON endpoints and the routes, ``proxy.wire.passthrough_shapes`` the
+checks).
 
 The body is read within ``general_settings.max_body_bytes`` as it arrives (a larger declared length is
 refused before reading), and Starlette's parser caps the number of files and fields and each field's size.
@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message
 
-from proxy.errors import InvalidRequestError, PayloadTooLargeError, ProxyError
+from proxy.errors import InvalidRequestError, PayloadTooLargeError
 from proxy.wire.http import JSONResponse
 from proxy.wire.passthrough_shapes import Endpoint, invalid, kind, route, state_of, text, unreadable, wire_json
 
@@ -29,18 +29,6 @@ MAX_FIELD_BYTES = 1 << 20  # one non-file field (a prompt); files are bounded by
 MAX_IMAGES = 16  # OpenAI's limit for one edit; a mask comes on top
 
 Upload = tuple[str, bytes, str]  # (filename, content, content type), as LiteLLM and the OpenAI SDK take a file
-
-
-class UnsupportedEndpointError(ProxyError):
-    """An OpenAI endpoint lcm-proxy knows but cannot forward. Retrying cannot help: SDKs are told not to."""
-
-    status = 501
-    type = "invalid_request_error"
-    code = "unsupported_endpoint"
-
-    @property
-    def retryable(self) -> bool:
-        return False
 
 
 def _too_large(limit: int) -> PayloadTooLargeError:
@@ -123,6 +111,7 @@ TRANSCRIPTIONS = Endpoint(
     {"file": upload},
     frozenset({"language", "prompt", "response_format", "temperature", "timestamp_granularities"}),
 )
+TRANSLATIONS = Endpoint("atranslation", {"file": upload}, frozenset({"prompt", "response_format", "temperature"}))
 IMAGE_EDITS = Endpoint(
     "aimage_edit",
     {"image": uploads, "prompt": text},
@@ -135,6 +124,16 @@ PLAIN_FORMATS = ("text", "srt", "vtt")  # transcriptions answered as text/plain,
 
 
 async def transcriptions(request: Request) -> Response:
+    return await _audio_text(request, TRANSCRIPTIONS)
+
+
+async def translations(request: Request) -> Response:
+    """LiteLLM has no audio translation call: the upstream makes it with the OpenAI SDK, for OpenAI-compatible
+    deployments (``proxy.upstream_openai``; others answer 501)."""
+    return await _audio_text(request, TRANSLATIONS)
+
+
+async def _audio_text(request: Request, endpoint: Endpoint) -> Response:
     state = state_of(request)
     state.auth.tenant_for(request)  # before reading the upload
     fields = await read_form(request, state.config.general_settings.max_body_bytes, max_files=1)
@@ -142,25 +141,15 @@ async def transcriptions(request: Request) -> Response:
     # OpenAI's default, said out loud: LiteLLM would ask for verbose_json (for its cost tracking), which
     # changes the answer and which gpt-4o-transcribe refuses.
     fields.setdefault("response_format", "json")
-    arguments = TRANSCRIPTIONS.arguments(fields)
+    arguments = endpoint.arguments(fields)
     no_other_files(arguments)
-    result = await state.upstream.call(TRANSCRIPTIONS.function, target, arguments)
+    result = await state.upstream.call(endpoint.function, target, arguments)
     if fields["response_format"] in PLAIN_FORMATS:
-        transcript = getattr(result, "text", None)
+        transcript = result if isinstance(result, str) else getattr(result, "text", None)
         if not isinstance(transcript, str):
             raise unreadable(target, "no transcript")
         return Response(transcript, media_type="text/plain")
     return JSONResponse(wire_json(result, target))
-
-
-async def translations(request: Request) -> Response:
-    """LiteLLM (1.106), the proxy's only way to a provider, has no audio translation call, so there is nothing
-    to forward to: a clear 501 rather than a 404 that looks like a typo in the client's base URL."""
-    state_of(request).auth.tenant_for(request)
-    raise UnsupportedEndpointError(
-        "lcm-proxy cannot forward /v1/audio/translations: the LiteLLM version it uses has no audio translation"
-        " call. /v1/audio/transcriptions is supported."
-    )
 
 
 async def image_edits(request: Request) -> Response:
