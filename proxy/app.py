@@ -23,21 +23,24 @@ from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
 from proxy.engine.admin import AdminViews
+from proxy.engine.deletion import Retention
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.errors import EngineError
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
-from proxy.engine.tokens import count_text, token_margin
+from proxy.engine.tokens import count_text
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
-from proxy.routing import ModelRouter, ResolvedModel, effective_window, upstream_of
+from proxy.routing import ModelRouter, ResolvedModel, largest_margin, smallest_window, upstream_of
 from proxy.store.base import Blobs, Store
 from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
 from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
+from proxy.wire.cors import cors_middleware
 from proxy.wire.http import error_response, reported_error
+from proxy.wire.passthrough import PASSTHROUGH_ROUTES
 from proxy.wire.shutdown import AnswerOnShutdown
 
 log = logging.getLogger("lcm_proxy")
@@ -64,14 +67,17 @@ class AppState:
     admin: AdminViews = field(init=False)
     tool_callers: set[str] = field(default_factory=set)  # model aliases seen making structured tool calls
     priority: Priority = field(init=False)  # chat requests before background summaries on local servers
+    retention: Retention | None = None  # lcm_settings.retention_days: the background purge of idle conversations
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
-        """The model's input window and where it came from: model_info, else LiteLLM's map, else the default."""
-        return effective_window(target, self.upstream.context_window, self.config.lcm_settings.default_context_window)
+        """The model's input window and where it came from: model_info, else LiteLLM's map, else the default.
+        Of several deployments (and fallbacks) the smallest: the budget must hold for whichever answers."""
+        return smallest_window(target, self.upstream.context_window, self.config.lcm_settings.default_context_window)
 
     def margin_of(self, target: ResolvedModel) -> tuple[float, str]:
-        """How much more than the proxy's o200k count the model's own tokenizer may count, and why."""
-        return token_margin(target.upstream_model, target.litellm_params.get("api_base"), target.token_margin)
+        """How much more than the proxy's o200k count the model's own tokenizer may count, and why (of several
+        deployments, the largest margin)."""
+        return largest_margin(target)
 
     def calls_tools(self, target: ResolvedModel) -> bool:
         """Whether the model makes structured tool calls: model_info, else learned from its answers, else
@@ -147,7 +153,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
     freeze its startup heap; tests that build many apps in one process leave it off."""
     state = AppState(
         config=config,
-        router=ModelRouter(config.model_list),
+        router=ModelRouter(config.model_list, config.general_settings.fallbacks),
         auth=Authenticator(config.general_settings.api_keys),
     )
 
@@ -163,6 +169,9 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         state.recall = RecallTools(state.store, state.files)
         state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
+        if config.lcm_settings.retention_days is not None:
+            state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
+            state.retention.start()
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
         log.info("conversations: %s (%s)", location.describe(), location.kind)
@@ -182,6 +191,8 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         try:
             yield
         finally:
+            if state.retention is not None:
+                await state.retention.stop()
             await state.engine.close()
             await state.store.close()
 
@@ -193,6 +204,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             Route("/models", routes.list_models, methods=["GET"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             *ADMIN_ROUTES,
+            *PASSTHROUGH_ROUTES,
         ],
         exception_handlers={
             HTTPException: _http_exception,
@@ -200,7 +212,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             EngineError: reported_error,
             Exception: _internal_error,
         },
-        middleware=[Middleware(AnswerOnShutdown)],
+        middleware=[*cors_middleware(config.general_settings.cors_allow_origins), Middleware(AnswerOnShutdown)],
         lifespan=lifespan,
     )
     app.state.lcm = state

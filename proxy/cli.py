@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy import __version__
+from proxy.cli_delete import add_deleting_commands
 from proxy.config import Needed, ProxyConfig, load_config
 from proxy.errors import ConfigError
 from proxy.logs import configure_serving_logs
@@ -140,6 +141,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
         item_id=getattr(args, "item_id", None),
         start_line=getattr(args, "start_line", None),
         end_line=getattr(args, "end_line", None),
+        confirm=getattr(args, "confirm", None),
+        older_than=getattr(args, "older_than", None),
+        dry_run=getattr(args, "dry_run", False),
+        full=getattr(args, "vacuum_full", False),
     )
 
 
@@ -285,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--tenant", help="refuse an id of another tenant")
     add_store(describe)
     describe.set_defaults(func=cmd_operator)
+
+    add_deleting_commands(sub, add_store)
 
     doctor = sub.add_parser(
         "doctor",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -21,12 +22,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from proxy.config_compat import adapt_litellm_config, map_general_settings, model_key_warnings, unused_environment
+from proxy.config_compat import adapt_litellm_config, map_general_settings, model_list_warnings, unused_environment
 from proxy.errors import ConfigError
 from proxy.store import Location
 
 ENV_PREFIX = "os.environ/"
 LOOPBACK_HOST = "127.0.0.1"
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9_.~-]+)(:[0-9]{1,5})?", re.IGNORECASE)
 
 
 class _Strict(BaseModel):
@@ -104,11 +106,34 @@ class GeneralSettings(_Strict):
     request_timeout: float = Field(default=600.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
     # Retries the proxy itself makes on 429/5xx/connection errors before the first byte. LiteLLM's and the
-    # OpenAI SDK's hidden retries are always turned off, so this is the only retry policy in play.
-    upstream_retries: int = Field(default=0, ge=0, le=10)
+    # OpenAI SDK's hidden retries are always turned off, so this is the only retry policy in play: each retry
+    # is one more pass over the model's deployments and fallbacks (``proxy.upstream.Upstream._call``).
+    upstream_retries: int = Field(default=0, ge=0, le=10)  # config_compat.MAX_UPSTREAM_RETRIES
+    # LiteLLM's router settings (``router_settings``): which of a model's deployments (model_list entries with
+    # one model_name) goes first, and the models tried when all of them failed before the first byte.
+    routing_strategy: Literal["simple-shuffle", "least-busy"] = "simple-shuffle"
+    fallbacks: list[dict[str, list[str]]] = []  # LiteLLM's shape: [{"gpt-4o": ["gpt-4o-mini"]}]
+    allowed_fails: int = Field(default=3, ge=1)  # failures in a row before a deployment cools down
+    cooldown_time: float = Field(default=5.0, ge=0)  # seconds it is skipped then (0: never)
+    # LiteLLM's drop_params: parameters a provider does not support are dropped by LiteLLM, not refused.
+    drop_params: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
+    # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:
+    # CORS is off and no response carries a CORS header (``proxy.wire.cors``).
+    cors_allow_origins: list[str] = []
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for index, origin in enumerate(origins):
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"entry {index} ({origin!r}) is not an origin: expected scheme://host[:port] (no path, no"
+                    " trailing slash) or '*'"
+                )
+        return [origin.lower() for origin in origins]  # browsers send scheme and host in lower case
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -185,6 +210,8 @@ class LcmSettings(_Strict):
     max_sweep_iterations: int = Field(default=24, ge=1)  # passes per sweep (each one summarizer call at most)
     sweep_deadline_seconds: float = Field(default=300.0, gt=0)
     max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
+    # Conversations idle this many days are deleted, at startup and hourly (proxy.engine.deletion); None: kept.
+    retention_days: int | None = Field(default=None, ge=1)
 
     @field_validator("retrieval_tools", "auto_recall", "background_yields", mode="before")
     @classmethod
@@ -305,35 +332,6 @@ def _describe(error: Any) -> str:
     return f"{where}: {message}"
 
 
-def _summary_model_problems(config: ProxyConfig) -> list[str]:
-    """A summary model no request could reach passes validation otherwise, and then every compaction fails."""
-    from proxy.routing import ModelRouter  # routing imports this module
-
-    name = config.lcm_settings.summary_model
-    if name is None or ModelRouter(config.model_list).deployment_for(name) is not None:
-        return []
-    return [
-        f"lcm_settings.summary_model: {name!r} is not a model_name in model_list (nor matched by a wildcard model_name)"
-    ]
-
-
-def _model_list_warnings(config: ProxyConfig) -> list[str]:
-    warnings: list[str] = []
-    first: dict[str, int] = {}
-    for index, deployment in enumerate(config.model_list):
-        params, info = deployment.litellm_params, deployment.model_info
-        warnings += model_key_warnings(index, (params.model_extra or {}).keys(), (info.model_extra or {}).keys())
-        earlier = first.setdefault(deployment.model_name, index)
-        if earlier != index:
-            same = params == config.model_list[earlier].litellm_params
-            warnings.append(
-                f"model_list[{index}]: model_name {deployment.model_name!r} is also model_list[{earlier}]'s"
-                + (" (the same litellm_params)" if same else "")
-                + "; only the first is used (several deployments of one model come in a later release)"
-            )
-    return warnings
-
-
 def parse_config(raw: Any, source: str = "<config>", needed: Needed | None = None) -> ProxyConfig:
     """Validate a loaded config. ``needed`` limits the ``os.environ/`` references that must resolve to the
     key paths it accepts (operator commands); a deployment with an unresolved one cannot be routed to."""
@@ -355,15 +353,20 @@ def parse_config(raw: Any, source: str = "<config>", needed: Needed | None = Non
         unset = {p.split(": ", 1)[0] for p in resolver.missing}
         skipped = [resolver.skipped[p.split(": ", 1)[0]] for p in found if p.split(": ", 1)[0] in resolver.skipped]
         unset |= set(resolver.skipped)
-        raise ConfigError(source, problems + skipped + [p for p in found if p.split(": ", 1)[0] not in unset]) from None
-    problems += _summary_model_problems(config)
+        found = [p for p in found if p.split(": ", 1)[0] not in unset]
+        raise ConfigError(source, [adapted.origin(p) for p in problems + skipped + found]) from None
+    from proxy.routing import unreachable_models  # routing imports this module
+
+    problems += unreachable_models(config)
     if problems:
-        raise ConfigError(source, problems)
+        raise ConfigError(source, [adapted.origin(p) for p in problems])
     for path, problem in resolver.skipped.items():
         if path.startswith("model_list["):
             config.model_list[int(path[len("model_list[") : path.index("]")])]._unresolved.append(problem)
     config._warnings = (
-        adapted.warnings + unused_environment(adapted.environment, resolver.referenced) + _model_list_warnings(config)
+        adapted.warnings
+        + unused_environment(adapted.environment, resolver.referenced)
+        + model_list_warnings(config.model_list)
     )
     return config
 

@@ -4,16 +4,18 @@ A LiteLLM user's first step is to point lcm-proxy at the config they have. Refus
 (``master_key``, ``litellm_settings``...) teaches them nothing; accepting it silently hides that their
 callbacks or budgets do nothing here. So: what has a meaning here is used (``general_settings.master_key``
 becomes an API key, ``database_url: sqlite:///DIR`` the data directory, ``environment_variables`` answers
-``os.environ/NAME`` references, ``litellm_settings.request_timeout`` the upstream timeout), every other
-LiteLLM key is dropped with one warning naming it, and a key that is neither ours nor LiteLLM's is still an
-error (that is a typo). Inside ``model_info`` and ``litellm_params`` unknown keys are LiteLLM's to interpret,
-so a near miss of a key that matters (``api_bse``, ``max_input_token``) is a warning, not an error.
+``os.environ/NAME`` references, the router's and the module's timeouts, retries, routing strategy, fallbacks,
+cooldown and ``drop_params`` become ``general_settings``: see ``MAPPED_SETTINGS``), every other LiteLLM key
+is dropped with one warning naming it, and a key that is neither ours nor LiteLLM's is still an error (that is
+a typo). A problem with a mapped value names the key where the user wrote it (``Adapted.origin``). Inside
+``model_info`` and ``litellm_params`` unknown keys are LiteLLM's to interpret, so a near miss of a key that
+matters (``api_bse``, ``max_input_token``) is a warning, not an error.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,12 @@ from typing import Any
 from proxy.litellm_keys import (
     LITELLM_GENERAL_SETTINGS,
     LITELLM_PARAMS_KEYS,
+    LITELLM_ROUTING_STRATEGIES,
     LITELLM_SECTIONS,
+    MAPPED_SETTINGS,
     MODEL_INFO_KEYS,
     NOT_A_TYPO,
+    ROUTING_STRATEGIES,
 )
 from proxy.store import is_postgres_url
 
@@ -32,6 +37,7 @@ MASTER_TENANT = "master"
 DB_FILE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 # Mapped after ``os.environ/`` references are resolved, so these may be references too.
 MAPPED_GENERAL = ("master_key", "database_url")
+MAX_UPSTREAM_RETRIES = 10  # general_settings.upstream_retries' range is 0..this
 
 
 @dataclass
@@ -42,6 +48,14 @@ class Adapted:
     environment: dict[str, str] = field(default_factory=dict)  # the config's environment_variables
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)  # "general_settings.upstream_retries" -> where it was
+
+    def origin(self, problem: str) -> str:
+        """``problem`` naming the key the user wrote, not the ``general_settings`` key it was mapped to."""
+        for ours, theirs in self.origins.items():
+            if problem.startswith(ours) and problem[len(ours) : len(ours) + 1] in ("", ":", ".", "["):
+                return theirs + problem[len(ours) :]
+        return problem
 
 
 def _keys(value: Any) -> str:
@@ -58,18 +72,13 @@ def adapt_litellm_config(raw: dict[str, Any], our_general: Iterable[str]) -> Ada
     elif environment is not None:
         out.errors.append("environment_variables: expected a mapping of variable names to values")
 
-    litellm_settings = out.raw.pop("litellm_settings", None)
-    if isinstance(litellm_settings, dict):
-        litellm_settings = dict(litellm_settings)
-        timeout = litellm_settings.pop("request_timeout", None)
-        general = out.raw.get("general_settings")
-        if timeout is not None and (general is None or isinstance(general, dict)):
-            general = dict(general or {})
-            if "request_timeout" not in general:
-                general["request_timeout"] = timeout  # the same meaning: seconds for one upstream call
-                out.raw["general_settings"] = general
-    if litellm_settings:
-        out.warnings.append(f"litellm_settings: ignored ({IGNORED}){_keys(litellm_settings)}")
+    settings = {name: out.raw.pop(name, None) for name in ("litellm_settings", "router_settings")}
+    sections = {name: dict(value) for name, value in settings.items() if isinstance(value, dict)}
+    _map_settings(out, sections)
+    for name, value in settings.items():
+        left = sections.get(name, value)
+        if left:
+            out.warnings.append(f"{name}: ignored ({IGNORED}){_keys(left)}")
     for section in sorted(LITELLM_SECTIONS & set(out.raw)):
         out.warnings.append(f"{section}: ignored ({IGNORED}){_keys(out.raw.pop(section))}")
 
@@ -80,6 +89,46 @@ def adapt_litellm_config(raw: dict[str, Any], our_general: Iterable[str]) -> Ada
         out.raw["general_settings"] = {k: v for k, v in general.items() if k not in ignored}
         out.warnings += [f"general_settings.{key}: ignored ({IGNORED})" for key in ignored]
     return out
+
+
+def _map_settings(out: Adapted, sections: dict[str, dict[str, Any]]) -> None:
+    """Move the LiteLLM settings that have a meaning here (``MAPPED_SETTINGS``) out of ``sections`` and into
+    ``general_settings``, unless it sets them itself."""
+    general = out.raw.get("general_settings")
+    if general is not None and not isinstance(general, dict):
+        return  # reported by validation
+    general = dict(general or {})
+    for ours in dict.fromkeys(MAPPED_SETTINGS.values()):
+        found = [
+            (f"{section}.{key}", sections[section].pop(key))
+            for (section, key), target in MAPPED_SETTINGS.items()
+            if target == ours and key in sections.get(section, {})
+        ]
+        if not found or ours in general:
+            continue
+        (path, value), others = found[0], found[1:]
+        out.warnings += [f"{where}: {path} ({value!r}) is used instead" for where, other in others if other != value]
+        general[ours] = _mapped_value(ours, path, value, out.warnings)
+        out.origins[f"general_settings.{ours}"] = path
+    if general:
+        out.raw["general_settings"] = general
+
+
+def _mapped_value(ours: str, path: str, value: Any, warnings: list[str]) -> Any:
+    """What a LiteLLM value means here: a retry count within our range, a strategy we implement."""
+    if ours == "upstream_retries" and isinstance(value, int) and not isinstance(value, bool):
+        capped = min(max(value, 0), MAX_UPSTREAM_RETRIES)
+        if capped != value:
+            warnings.append(
+                f"{path}: {value} is outside general_settings.upstream_retries' range (0-{MAX_UPSTREAM_RETRIES});"
+                f" {capped} is used"
+            )
+        return capped
+    known = isinstance(value, str) and value in LITELLM_ROUTING_STRATEGIES
+    if ours == "routing_strategy" and known and value not in ROUTING_STRATEGIES:
+        warnings.append(f"{path}: {value!r} is not implemented by lcm-proxy; simple-shuffle is used instead")
+        return "simple-shuffle"
+    return value
 
 
 def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str, Any]:
@@ -173,3 +222,20 @@ def model_key_warnings(index: int, params_extra: Iterable[str], info_extra: Iter
     return near_misses(params_extra, LITELLM_PARAMS_KEYS, f"{where}.litellm_params") + near_misses(
         info_extra, MODEL_INFO_KEYS, f"{where}.model_info"
     )
+
+
+def model_list_warnings(model_list: Sequence[Any]) -> list[str]:
+    """Near misses inside each entry's litellm_params and model_info, and an entry that repeats an earlier
+    one: entries sharing a model_name are deployments of one model, but the very same one twice is a copy."""
+    warnings: list[str] = []
+    first: dict[tuple[str, str], int] = {}
+    for index, deployment in enumerate(model_list):
+        params, info = deployment.litellm_params, deployment.model_info
+        warnings += model_key_warnings(index, (params.model_extra or {}).keys(), (info.model_extra or {}).keys())
+        earlier = first.setdefault((deployment.model_name, params.model_dump_json()), index)
+        if earlier != index:
+            warnings.append(
+                f"model_list[{index}]: the same deployment as model_list[{earlier}] (model_name"
+                f" {deployment.model_name!r}, the same litellm_params): it gets a second share of the requests"
+            )
+    return warnings

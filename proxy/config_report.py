@@ -1,5 +1,6 @@
-"""What ``check-config`` says about each model: the window the proxy manages against and where that number
-came from, the output reserve, and the thresholds compaction and interception work to.
+"""What ``check-config`` says about each model: its deployments and fallbacks, the window the proxy manages
+against and where that number came from, the output reserve, and the thresholds compaction and interception
+work to.
 
 A window that silently fell back to the default (a misspelt ``max_input_tokens``, a model LiteLLM's map does
 not know) decides when compaction starts and what is refused; it should be visible before the first request,
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxy.config import ProxyConfig
+from proxy.balancer import WEIGHTS
+from proxy.config import ModelDeployment, ProxyConfig
 from proxy.engine.budget import Budget, sizes
-from proxy.engine.tokens import token_margin
-from proxy.routing import ModelRouter, ResolvedModel, effective_window, upstream_of
+from proxy.routing import ModelRouter, ResolvedModel, largest_margin, smallest_window, upstream_of
 
 WindowLookup = Callable[[str], "int | None"]
 
@@ -38,33 +39,36 @@ def _n(tokens: int) -> str:
 
 
 def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> list[str]:
-    """Lines for ``check-config``: per model, its window, reserve and thresholds (for a request with no tools
-    and no instructions; those come off the message limit)."""
+    """Lines for ``check-config``: per model, its deployments and fallbacks, then the window, reserve and
+    thresholds of the smallest of them (for a request with no tools and no instructions; those come off the
+    message limit)."""
     lookup = windows or _LiteLLMWindows(config)
     lcm = config.lcm_settings
-    router = ModelRouter(config.model_list)
+    router = ModelRouter(config.model_list, config.general_settings.fallbacks)
     default = lcm.default_context_window
     lines: list[str] = []
+    groups: dict[str, list[ModelDeployment]] = {}
     for deployment in config.model_list:
-        lines.append(f"  model {deployment.model_name} -> {upstream_of(deployment)}")
-        if "*" in deployment.model_name:
+        groups.setdefault(deployment.model_name, []).append(deployment)
+    for name, deployments in groups.items():
+        lines += _deployment_lines(name, deployments, config.general_settings.routing_strategy)
+        fallbacks = router.fallbacks_of(name)
+        if fallbacks:
+            lines.append(f"    fallbacks:   {', '.join(fallbacks)} (tried in this order once all of {name} failed)")
+        if "*" in name:
             lines.append("    window:      depends on the model name asked for (LiteLLM's model map, else the default)")
             continue
-        target = router.resolve(deployment.model_name)
-        window, source = effective_window(target, lookup, default)
-        margin, margin_source = token_margin(
-            target.upstream_model, target.litellm_params.get("api_base"), target.token_margin
-        )
+        target = router.resolve(name)
+        window, source = smallest_window(target, lookup, default)
+        margin, margin_source = largest_margin(target)
         reserve = min(lcm.default_output_reserve, window // 4)
         budget = Budget(
             window=window, output_reserve=reserve, tools=0, window_source=source,
             reserve_source="lcm_settings.default_output_reserve", margin=margin, margin_source=margin_source,
         )  # fmt: skip
         summary_target = _summary_target(config, router, target)
-        summary_window = effective_window(summary_target, lookup, default)[0]
-        summary_margin = token_margin(
-            summary_target.upstream_model, summary_target.litellm_params.get("api_base"), summary_target.token_margin
-        )[0]
+        summary_window = smallest_window(summary_target, lookup, default)[0]
+        summary_margin = largest_margin(summary_target)[0]
         s = sizes(lcm, budget.for_messages(0), int(summary_window / summary_margin))
         lines += [
             f"    window:      {_n(window)} tokens ({source})",
@@ -78,6 +82,18 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
             f"    large files: over {_n(s.large_file)} tokens (lcm_settings.large_file_token_threshold)",
             f"    tool results: over {_n(s.tool_result)} tokens (lcm_settings.tool_result_token_threshold)",
         ]
+    return lines
+
+
+def _deployment_lines(name: str, deployments: list[ModelDeployment], strategy: str) -> list[str]:
+    """``model NAME -> where`` for one deployment; for several, how they share the requests and each one."""
+    if len(deployments) == 1:
+        return [f"  model {name} -> {upstream_of(deployments[0])}"]
+    lines = [f"  model {name} -> {len(deployments)} deployments ({strategy}; the next one on a failure)"]
+    for deployment in deployments:
+        params = deployment.litellm_params.model_extra or {}
+        weight = next((f" ({key} {params[key]})" for key in WEIGHTS if params.get(key)), "")
+        lines.append(f"    deployment:  {upstream_of(deployment)}{weight}")
     return lines
 
 

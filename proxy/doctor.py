@@ -9,7 +9,8 @@ content its hash names; and that every recorded payload path of a stored message
 segments object whose file references all have their file. Files left behind by processes that died
 mid-request (partial pending files, stored files that no row names) are reported by count and size, and
 ``--repair`` deletes them (``run_repair``; the rule that keeps that safe beside a running server is in
-``proxy.store.files``).
+``proxy.store.files``). A deleted conversation kept for its forks (``proxy.engine.deletion``) must have a
+live fork still, and no context of its own.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from typing import Any
 
 import orjson
 
+from proxy.engine.deletion import shared_prefix
 from proxy.engine.intercept import SEGMENTS_KEY
 from proxy.store import Location
 from proxy.store.base import Blobs, Store
 from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore
+from proxy.store.records import ConversationRecord
 
 
 def _segment_problem(segment: Any) -> str | None:
@@ -79,8 +82,10 @@ def _payload_refs(original: Any, paths: Any) -> tuple[list[str], list[str]]:
 async def check_database(store: Store, files: Blobs, *, verify_hashes: bool = True) -> list[str]:
     problems: list[str] = await store.integrity()
     search = store.search
-    for conversation in await store.read.conversations(None, limit=1_000_000):
+    for conversation in await store.read.conversations(None, limit=1_000_000, deleted=True):
         cid = conversation.id
+        if conversation.deleted_at is not None:
+            problems += await _check_tombstone(store, conversation)
         seqs = await search.message_seqs(cid)
         if seqs != list(range(len(seqs))) or len(seqs) != conversation.message_count:
             problems.append(f"{cid}: messages are not contiguous 0..{conversation.message_count - 1}")
@@ -120,6 +125,17 @@ async def check_database(store: Store, files: Blobs, *, verify_hashes: bool = Tr
         if unnamed:
             problems.append(f"files: {_amount(unnamed)} stored file(s) that no row names (--repair deletes them)")
     return sorted(set(problems))
+
+
+async def _check_tombstone(store: Store, conversation: ConversationRecord) -> list[str]:
+    """A deleted conversation stays only while a live fork shares its prefix, holding no context of its own."""
+    problems: list[str] = []
+    _, forks = shared_prefix(conversation.id, await store.read.family(conversation.id))
+    if not forks:
+        problems.append(f"{conversation.id}: deleted, but kept although no live fork shares its prefix any more")
+    if conversation.summarized_upto or await store.search.context_items(conversation.id):
+        problems.append(f"{conversation.id}: deleted, but it still has a context of its own")
+    return problems
 
 
 def _amount(found: Sequence[DiskFile]) -> str:

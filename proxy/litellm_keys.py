@@ -102,3 +102,29 @@ NOT_A_TYPO = _names(
     supports_parallel_function_calling
     """
 )
+
+# LiteLLM settings that mean what one of lcm-proxy's ``general_settings`` means: (section, key) -> ours. For one
+# of ours, the first listed that the config sets is used (the router's own before the module's, as in LiteLLM);
+# ``general_settings`` itself wins over all of them.
+MAPPED_SETTINGS: dict[tuple[str, str], str] = {
+    ("router_settings", "routing_strategy"): "routing_strategy",
+    ("router_settings", "fallbacks"): "fallbacks",
+    ("litellm_settings", "fallbacks"): "fallbacks",
+    ("router_settings", "num_retries"): "upstream_retries",
+    ("litellm_settings", "num_retries"): "upstream_retries",
+    ("router_settings", "timeout"): "request_timeout",
+    ("litellm_settings", "request_timeout"): "request_timeout",
+    ("router_settings", "allowed_fails"): "allowed_fails",
+    ("litellm_settings", "allowed_fails"): "allowed_fails",
+    ("router_settings", "cooldown_time"): "cooldown_time",
+    ("litellm_settings", "drop_params"): "drop_params",
+}
+# LiteLLM's routing strategies (``router_settings.routing_strategy``) and those lcm-proxy implements; the
+# others are read as simple-shuffle, with a warning. A name in neither list is a typo: an error.
+LITELLM_ROUTING_STRATEGIES = _names(
+    """
+    simple-shuffle least-busy usage-based-routing usage-based-routing-v2 latency-based-routing cost-based-routing
+    provider-budget-routing lar1
+    """
+)
+ROUTING_STRATEGIES = ("simple-shuffle", "least-busy")

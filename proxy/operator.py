@@ -1,5 +1,5 @@
 """Operator commands over the database: ``conversations``, ``show``, ``export``, ``grep``, ``describe``,
-``compact``.
+``compact``, ``delete`` and ``purge``.
 
 They read the same SQLite file as the server (WAL allows that while it runs), and need nothing but its
 directory: only ``compact`` calls a model, so only it needs the config's model list and credentials. The
@@ -13,6 +13,7 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import orjson
 
 from proxy.config import ProxyConfig
 from proxy.engine.admin import names_by_key
+from proxy.engine.deletion import Deleted, Deleter
 from proxy.engine.errors import EngineError, InvalidArgument, NotFound
 from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools
@@ -27,6 +29,7 @@ from proxy.errors import ConfigError, ProxyError
 from proxy.store import Location
 from proxy.store.records import ConversationRecord, SummaryRecord
 
+Confirm = Callable[[str], bool]  # asks the operator a yes/no question (``cli``: a prompt, or --yes)
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -183,13 +186,14 @@ class Operator:
         owner: tuple[str, str] | None = None  # (tenant, conversation)
         if item_id.startswith("sum_"):
             summary = await q.summary(item_id)
-            conversation = await q.conversation(tenant, summary.conversation_id) if summary else None
+            # A deleted conversation kept for its forks owns what they share: the scope walks it as theirs do.
+            conversation = await q.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         elif item_id.startswith("file_"):
             owner = await q.file_owner(tenant, item_id)
         elif item_id.startswith("msg_") and item_id[4:].isdigit():
             rows = await q.messages_by_id([int(item_id[4:])])
-            conversation = await q.conversation(tenant, rows[0].conversation_id) if rows else None
+            conversation = await q.conversation(tenant, rows[0].conversation_id, deleted=True) if rows else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         if owner is None:
             raise NotFound(f"no summary, file or message {item_id}")
@@ -204,6 +208,43 @@ class Operator:
         if await self.store.read.conversation(tenant, conversation_id) is None:
             raise NotFound(f"no conversation {conversation_id}")
         return await export_conversation(self.store, self.files, tenant, conversation_id)
+
+    async def delete(self, conversation_id: str, confirm: Confirm, full: bool) -> str:
+        c = await self.store.read.conversation(None, conversation_id)
+        if c is None:
+            raise NotFound(f"no conversation {conversation_id}")
+        forks = len(await self.store.read.descendants(c.tenant, c.id))
+        kept = f"; {forks} fork(s) keep the prefix they share with it" if forks else ""
+        if not confirm(f"Delete conversation {c.id} of tenant {c.tenant} ({c.message_count} messages{kept})?"):
+            raise Aborted("aborted: nothing was deleted")
+        return _deleted_line(await Deleter(self.store, self.files).delete(None, c.id, via="cli", full=full))
+
+    async def purge(
+        self, tenant: str | None, older_than: float | None, dry_run: bool, confirm: Confirm, full: bool
+    ) -> str:
+        """Every conversation of ``tenant`` (None: all) idle for ``older_than`` seconds (None: any)."""
+        before = None if older_than is None else time.time() - older_than
+        deleter = Deleter(self.store, self.files)
+        found = await deleter.candidates(tenant, before, 10_000_000)
+        whose = f"tenant {tenant}" if tenant is not None else "every tenant"
+        since = f", idle since before {_when(before)}" if before is not None else ""
+        if dry_run or not found:
+            rows = [[c.id, c.tenant, str(c.message_count), _when(c.updated_at), c.parent_id or ""] for c in found]
+            table = _table(rows, ["id", "tenant", "messages", "last activity", "forked from"]) + "\n" if found else ""
+            return f"{table}{'would delete' if dry_run else 'deleted'} {len(found)} conversation(s) of {whose}{since}"
+        if not confirm(f"Delete {len(found)} conversation(s) of {whose}{since}?"):
+            raise Aborted("aborted: nothing was deleted")
+        done = await deleter.purge(tenant, before, via="cli", full=full)
+        return "\n".join([*map(_deleted_line, done), f"deleted {len(done)} conversation(s) of {whose}{since}"])
+
+
+class Aborted(EngineError):
+    """The operator answered no."""
+
+
+def _deleted_line(d: Deleted) -> str:
+    kept = f"; its first {d.kept_messages} messages stay for {d.forks} live fork(s)" if d.forks else ""
+    return f"deleted {d.id} (tenant {d.tenant}): {d.messages} messages, {d.summaries} summaries, {d.files} files{kept}"
 
 
 def _write_all(data: bytes) -> None:
@@ -240,6 +281,11 @@ def run_operator(data_dir: Path | Location, command: str, config: ProxyConfig | 
             elif command == "export":
                 data = await op.export(conversation, tenant)
                 _write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+            elif command == "delete":
+                print(await op.delete(conversation, kwargs["confirm"], kwargs.get("full", False)))
+            elif command == "purge":
+                purge = (kwargs.get("older_than"), kwargs.get("dry_run", False), kwargs["confirm"])
+                print(await op.purge(tenant, *purge, kwargs.get("full", False)))
             sys.stdout.flush()  # a closed pipe shows here, as BrokenPipeError, for the CLI to handle
         return 0
 

@@ -1,34 +1,52 @@
-"""Model aliases: which deployment serves the ``model`` a client asked for.
+"""Model aliases: which deployments may serve the ``model`` a client asked for.
 
 Follows LiteLLM proxy's ``model_list`` semantics: an exact ``model_name`` wins; otherwise wildcard entries
 (``"*"``, ``"openai/*"``, ``"claude-*"``) match, most specific pattern first, and a ``*`` in the
 deployment's ``litellm_params.model`` is replaced by the part of the name the pattern's ``*`` matched.
-Of several deployments under one name only the first is used (the config loader warns about the others).
+Entries sharing a ``model_name`` are deployments of one model (a *model group*); ``general_settings.fallbacks``
+(LiteLLM's ``router_settings.fallbacks``) names the models whose deployments are tried after them. Which
+deployment of a group goes first is decided per call (``proxy.balancer``), not here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from proxy.config import ModelDeployment
+from proxy.config import ModelDeployment, ProxyConfig
+from proxy.engine.tokens import token_margin
 from proxy.errors import ConfigError, NotFoundError
+
+Tier = tuple["ResolvedModel", ...]  # the deployments of one model group, in model_list order
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    alias: str  # the name the client used
+    """One deployment of the model a client asked for; ``tiers`` holds every deployment that may answer."""
+
+    alias: str  # the name the client used (for a fallback deployment: the fallback model's name)
     litellm_params: dict[str, Any]  # with ``model`` made concrete (wildcards substituted)
     max_input_tokens: int | None  # from model_info, if configured
     max_output_tokens: int | None
     supports_function_calling: bool | None = None
     token_margin: float | None = None  # from model_info; see ``proxy.engine.tokens.token_margin``
+    deployment: str = ""  # "model_list[3]": the entry it came from (its in-flight count and cooldown)
+    # This model's deployments (this one first), then each fallback model's; empty: this deployment alone.
+    tiers: tuple[Tier, ...] = ()
 
     @property
     def upstream_model(self) -> str:
         return str(self.litellm_params["model"])
+
+    def chain(self) -> tuple[Tier, ...]:
+        return self.tiers or ((self,),)
+
+    def candidates(self) -> list[ResolvedModel]:
+        """Every deployment that may answer a call to this model, in model_list order."""
+        return [candidate for tier in self.chain() for candidate in tier]
 
 
 def safe_url(url: str) -> str:
@@ -43,10 +61,18 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _where(model: str, api_base: Any) -> str:
+    return model + (f" at {safe_url(api_base)}" if isinstance(api_base, str) and api_base else "")
+
+
 def upstream_of(deployment: ModelDeployment) -> str:
     """``openai/local-model at http://127.0.0.1:8080/v1``: where a model alias goes, never with its key."""
-    params = deployment.litellm_params
-    return params.model + (f" at {safe_url(params.api_base)}" if params.api_base else "")
+    return _where(deployment.litellm_params.model, deployment.litellm_params.api_base)
+
+
+def deployment_of(target: ResolvedModel) -> str:
+    """The same for a resolved deployment (its wildcard substituted): for log lines, never with a key."""
+    return _where(target.upstream_model, target.litellm_params.get("api_base"))
 
 
 def effective_window(target: ResolvedModel, known: Callable[[str], int | None], default: int) -> tuple[int, str]:
@@ -60,6 +86,30 @@ def effective_window(target: ResolvedModel, known: Callable[[str], int | None], 
     return default, "lcm_settings.default_context_window"
 
 
+def smallest_window(target: ResolvedModel, known: Callable[[str], int | None], default: int) -> tuple[int, str]:
+    """``effective_window`` of the deployment with the smallest one: whichever deployment answers (another of
+    the group, a fallback), what was budgeted for must fit it."""
+    found = [(effective_window(c, known, default), c) for c in target.candidates()]
+    (window, source), smallest = min(found, key=lambda f: f[0][0])
+    return window, source + _among(smallest, len(found), "smallest window")
+
+
+def largest_margin(target: ResolvedModel) -> tuple[float, str]:
+    """The largest token margin among the deployments that may answer, and where it came from."""
+    found = [
+        (token_margin(c.upstream_model, c.litellm_params.get("api_base"), c.token_margin), c)
+        for c in target.candidates()
+    ]
+    (margin, source), largest = max(found, key=lambda f: f[0][0])
+    return margin, source + _among(largest, len(found), "largest margin")
+
+
+def _among(chosen: ResolvedModel, count: int, what: str) -> str:
+    if count == 1:
+        return ""
+    return f" of {chosen.deployment or chosen.alias}, the {what} among the {count} deployments that may answer"
+
+
 def _wildcard_capture(pattern: str, name: str) -> str | None:
     prefix, _, suffix = pattern.partition("*")
     if len(name) < len(prefix) + len(suffix) or not name.startswith(prefix) or not name.endswith(suffix):
@@ -68,51 +118,106 @@ def _wildcard_capture(pattern: str, name: str) -> str | None:
 
 
 class ModelRouter:
-    def __init__(self, deployments: list[ModelDeployment]) -> None:
-        self._exact: dict[str, ModelDeployment] = {}
-        wildcards: list[ModelDeployment] = []
-        for d in deployments:
-            if "*" in d.model_name:
-                wildcards.append(d)
-            else:
-                self._exact.setdefault(d.model_name, d)
+    def __init__(
+        self, deployments: Sequence[ModelDeployment], fallbacks: Iterable[Mapping[str, Sequence[str]]] = ()
+    ) -> None:
+        self._groups: dict[str, list[tuple[int, ModelDeployment]]] = {}
+        for index, deployment in enumerate(deployments):
+            self._groups.setdefault(deployment.model_name, []).append((index, deployment))
         # Most specific first: the longest literal part of the pattern.
-        self._wildcards = sorted(wildcards, key=lambda d: -len(d.model_name.replace("*", "")))
+        self._wildcards = sorted((n for n in self._groups if "*" in n), key=lambda n: -len(n.replace("*", "")))
+        self._fallbacks: dict[str, list[str]] = {}
+        for entry in fallbacks:
+            for name, chain in entry.items():
+                self._fallbacks.setdefault(name, []).extend(chain)
 
     def public_names(self) -> list[str]:
-        return list(self._exact)
+        return [name for name in self._groups if "*" not in name]
 
-    def deployment_for(self, name: str) -> tuple[ModelDeployment, str] | None:
-        """The deployment serving ``name`` and what its wildcard captured, or None."""
-        deployment = self._exact.get(name)
-        if deployment is not None:
-            return deployment, ""
-        for candidate in self._wildcards:
-            match = _wildcard_capture(candidate.model_name, name)
+    def group_for(self, name: str) -> tuple[str, list[tuple[int, ModelDeployment]], str] | None:
+        """The model_name serving ``name``, its deployments (with their model_list index) and what its
+        wildcard captured, or None."""
+        if name in self._groups and "*" not in name:
+            return name, self._groups[name], ""
+        for pattern in self._wildcards:
+            match = _wildcard_capture(pattern, name)
             if match is not None:
-                return candidate, match
+                return pattern, self._groups[pattern], match
         return None
 
+    def deployment_for(self, name: str) -> tuple[ModelDeployment, str] | None:
+        """The first deployment serving ``name`` and what its wildcard captured, or None."""
+        found = self.group_for(name)
+        return None if found is None else (found[1][0][1], found[2])
+
+    def fallbacks_of(self, name: str) -> list[str]:
+        """The models tried after ``name``'s deployments: by the name asked for, else by its model_name."""
+        found = self.group_for(name)
+        if name in self._fallbacks or found is None:
+            return self._fallbacks.get(name, [])
+        return self._fallbacks.get(found[0], [])
+
     def resolve(self, name: str) -> ResolvedModel:
-        found = self.deployment_for(name)
+        tier = self._tier(name, required=True)
+        tiers = [tier]
+        seen = {name}
+        for other in self.fallbacks_of(name):
+            if other not in seen:
+                seen.add(other)
+                tiers.append(self._tier(other, required=False))
+        tiers = [t for t in tiers if t]
+        if len(tiers) == 1 and len(tier) == 1:
+            return tier[0]
+        return dataclasses.replace(tier[0], tiers=tuple(tiers))
+
+    def _tier(self, name: str, required: bool) -> Tier:
+        found = self.group_for(name)
         if found is None:
+            if not required:
+                return ()
             raise NotFoundError(
                 f"The model `{name}` does not exist or you do not have access to it.",
                 param="model",
                 code="model_not_found",
             )
-        deployment, captured = found
-        if deployment._unresolved:  # loaded for a command that did not expect to call it (operator commands)
-            raise ConfigError(f"the deployment of model {name!r}", list(deployment._unresolved))
-        params = deployment.litellm_params.model_dump(exclude_none=True)
-        if "*" in params["model"]:
-            params["model"] = params["model"].replace("*", captured)
-        info = deployment.model_info
-        return ResolvedModel(
-            alias=name,
-            litellm_params=params,
-            max_input_tokens=info.max_input_tokens,
-            max_output_tokens=info.max_output_tokens or info.max_tokens,
-            supports_function_calling=info.supports_function_calling,
-            token_margin=info.token_margin,
-        )
+        _, deployments, captured = found
+        # Deployments left unresolved for a command that did not expect to call them (operator commands).
+        usable = [(i, d) for i, d in deployments if not d._unresolved]
+        if required and not usable:
+            raise ConfigError(f"the deployment of model {name!r}", list(deployments[0][1]._unresolved))
+        return tuple(_resolved(name, index, deployment, captured) for index, deployment in usable)
+
+
+def _resolved(name: str, index: int, deployment: ModelDeployment, captured: str) -> ResolvedModel:
+    params = deployment.litellm_params.model_dump(exclude_none=True)
+    if "*" in params["model"]:
+        params["model"] = params["model"].replace("*", captured)
+    info = deployment.model_info
+    return ResolvedModel(
+        alias=name,
+        litellm_params=params,
+        max_input_tokens=info.max_input_tokens,
+        max_output_tokens=info.max_output_tokens or info.max_tokens,
+        supports_function_calling=info.supports_function_calling,
+        token_margin=info.token_margin,
+        deployment=f"model_list[{index}]",
+    )
+
+
+def unreachable_models(config: ProxyConfig) -> list[str]:
+    """The summary model and every name in ``fallbacks`` must be models some request could reach: they pass
+    validation otherwise, and then every compaction (every fallback) fails at run time. Fallbacks are named by
+    ``general_settings.fallbacks``; the config loader renames that to where the user wrote it."""
+    router = ModelRouter(config.model_list)
+    named: list[tuple[str, str]] = []
+    if config.lcm_settings.summary_model is not None:
+        named.append(("lcm_settings.summary_model", config.lcm_settings.summary_model))
+    for index, entry in enumerate(config.general_settings.fallbacks):
+        where = f"general_settings.fallbacks[{index}]"
+        for name, chain in entry.items():
+            named += [(where, name)] + [(f"{where}.{name}[{i}]", other) for i, other in enumerate(chain)]
+    return [
+        f"{path}: {name!r} is not a model_name in model_list (nor matched by a wildcard model_name)"
+        for path, name in named
+        if router.deployment_for(name) is None
+    ]

@@ -39,6 +39,8 @@ SLOW = (
     "test_upstream_errors.py::test_upstream_error_table[read_timeout",
     "test_replicas.py::test_identical_first_requests_on_three_replicas_create_one_conversation",
     "test_replicas.py::test_replicas_load_run_with_one_killed_loses_nothing",
+    "test_deployments.py::test_litellms_documented_config_",
+    "test_deletion.py::test_delete_and_purge_on_the_command_line",
 )
 TESTS = Path(__file__).parent
 

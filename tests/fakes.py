@@ -275,7 +275,9 @@ class FakeUpstream:
         categories = {"harassment": False, "violence": True}
         scores = {"harassment": 0.01, "violence": 0.93}
         results = [{"flagged": True, "categories": categories, "category_scores": scores} for _ in inputs]
-        return JSONResponse({"id": "modr-fake", "model": body.get("model", "omni-moderation-latest"), "results": results})
+        return JSONResponse(
+            {"id": "modr-fake", "model": body.get("model", "omni-moderation-latest"), "results": results}
+        )
 
     async def transcriptions(self, request: Request) -> Response:
         body, reply = await self._record(request)

@@ -109,16 +109,15 @@ def test_a_model_name_with_two_wildcards_is_an_error() -> None:
     ]
 
 
-def test_duplicate_model_names_warn_that_only_the_first_is_used() -> None:
+def test_duplicate_model_names_are_deployments_of_one_model_and_a_copy_warns() -> None:
     other = {"model_name": "m", "litellm_params": {"model": "openai/other"}}
     config = parse_config({"model_list": [MODEL, other, dict(MODEL)]})
     assert config.warnings == [
-        "model_list[1]: model_name 'm' is also model_list[0]'s; only the first is used (several deployments of"
-        " one model come in a later release)",
-        "model_list[2]: model_name 'm' is also model_list[0]'s (the same litellm_params); only the first is used"
-        " (several deployments of one model come in a later release)",
+        "model_list[2]: the same deployment as model_list[0] (model_name 'm', the same litellm_params): it gets a"
+        " second share of the requests"
     ]
-    assert ModelRouter(config.model_list).resolve("m").upstream_model == "openai/m"
+    resolved = ModelRouter(config.model_list).resolve("m")
+    assert [c.upstream_model for c in resolved.candidates()] == ["openai/m", "openai/other", "openai/m"]
 
 
 def test_an_unknown_key_in_our_sections_names_the_likely_one() -> None:

@@ -317,6 +317,7 @@ def admin_probes(alice: Seeded) -> dict[tuple[str, str], tuple[str, str]]:
         ("POST", "/lcm/conversations/{id}/compact"): (f"/lcm/conversations/{c}/compact", c),
         ("GET", "/lcm/summaries/{id}"): (f"/lcm/summaries/{alice.summary}", SECRET),
         ("GET", "/lcm/files/{id}"): (f"/lcm/files/{alice.file}", FILE_SECRET),
+        ("DELETE", "/lcm/conversations/{id}"): (f"/lcm/conversations/{c}", alice.summary),
     }
 
 
@@ -339,6 +340,11 @@ def test_every_admin_route_hides_other_tenants_data(world: World, fake_upstream:
                 sent_by_bob = leak in path or (template == "/lcm/conversations" and leak == world.alice.conversation)
                 if not sent_by_bob:
                     assert leak not in bob.text, (template, leak, bob.text)
+            if method == "DELETE":
+                # Bob's attempt changed nothing (Alice deleting her own: test_deletion.py; here it would take
+                # her data from the other probes).
+                assert alice_sees in client.get(path, headers=ALICE).text
+                continue
             # The same request with Alice's key does reach her data: the probe above was not vacuous.
             alice = client.request(method, path, headers=ALICE)
             assert alice.status_code == 200 and alice_sees in alice.text, (template, alice.text)

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.engine import tokens
+from proxy.engine.deletion import Deleter
 from proxy.engine.engine import ContextEngine, RequestSummarizer
 from proxy.engine.errors import NotFound
 from proxy.engine.plan import view_message
@@ -33,6 +34,7 @@ def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
     data = asdict(c)
     data.pop("instructions_json")
     data.pop("tenant")
+    data.pop("deleted_at")  # always None here: a deleted conversation is never shown
     return data
 
 
@@ -41,6 +43,7 @@ class AdminViews:
         self.engine = engine
         self.recall = recall
         self.store = engine.store
+        self.deleter = Deleter(engine.store, engine.files)
 
     async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
         """The tenant's conversation with this id, else the one its client calls so (the key it sends in
@@ -115,7 +118,9 @@ class AdminViews:
 
     async def summary(self, tenant: str, summary_id: str) -> dict[str, Any]:
         summary = await self.store.read.summary(summary_id)
-        if summary is None or await self.store.read.conversation(tenant, summary.conversation_id) is None:
+        # A deleted conversation's summaries that live forks still use are theirs to see (``proxy.engine.deletion``).
+        owner = await self.store.read.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
+        if summary is None or owner is None:
             raise NotFound(f"no summary {summary_id}")
         children = await self.store.read.child_summaries(summary.id)
         data = asdict(summary)
@@ -148,3 +153,8 @@ class AdminViews:
         c = await self._conversation(tenant, conversation_id)
         report = await self.engine.compact(c.id, summarizer)  # after a running sweep of it, never beside it
         return {"conversation": c.id, **asdict(report)}
+
+    async def delete(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+        """Delete the tenant's conversation (by id or by its client's key): ``proxy.engine.deletion``."""
+        c = await self._conversation(tenant, conversation_id)
+        return (await self.deleter.delete(tenant, c.id, via="api")).as_json()

@@ -186,7 +186,8 @@ class RecallTools:
         limit = UNBOUNDED if upto is None else upto
         current: str | None = conversation_id
         while current is not None and all(current != c for c, _ in bounds) and len(bounds) < 64 and limit > 0:
-            record = await self.store.read.conversation(tenant, current)
+            # Through deleted ancestors too: one kept for its live forks holds what they share with it.
+            record = await self.store.read.conversation(tenant, current, deleted=True)
             if record is None:
                 break
             bounds.append((record.id, limit))

@@ -12,6 +12,11 @@ SQLite, rows in the database with PostgreSQL (every replica sees them). A reques
 ``BlobBatch`` outside the transaction and publishes them inside the transaction that stores the rows naming
 them, so a committed row never names a missing payload.
 
+Deleted conversations (``proxy.engine.deletion``): one that live forks still share a prefix with stays as a
+row marked ``deleted_at``, holding only what they need. Reads made for clients never return it (``conversation``,
+the key and chain lookups, listings); ``deleted=True`` is for what must walk through it (a fork's recall scope,
+the doctor, the deletion itself).
+
 No SQL and no driver here: records (``records.py``) and these protocols are all the engine sees.
 """
 
@@ -22,7 +27,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, SummaryRecord
+from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, Removed, SummaryRecord
 
 # (conversation id, n): messages [0, n) of that conversation. A recall scope is a tuple of these (the current
 # conversation first, then its ancestors up to where each fork left them).
@@ -45,19 +50,35 @@ class Reads(Protocol):
     """Reads, on the request path or inside a write transaction. ``tenant=None`` is for the operator's CLI
     only, which sees every tenant."""
 
-    async def conversation(self, tenant: str | None, conversation_id: str) -> ConversationRecord | None: ...
+    async def conversation(
+        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+    ) -> ConversationRecord | None:
+        """``deleted=True``: also a deleted conversation kept for its forks."""
+        ...
+
     async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None: ...
     async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
         """At most two conversations of any tenant whose clients named ``key``: enough to tell unique from
         ambiguous."""
         ...
 
-    async def conversations(self, tenant: str | None = None, limit: int = 1000) -> list[ConversationRecord]: ...
+    async def conversations(
+        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+    ) -> list[ConversationRecord]:
+        """Newest activity first; ``deleted=True``: with the deleted conversations kept for their forks."""
+        ...
+
     async def chain_exists(self, chain_hash: str) -> bool: ...
     async def chain_in_conversation(self, conversation_id: str, seq: int, chain_hash: str) -> bool: ...
     async def chain_in_any(self, conversation_ids: Sequence[str], chain_hash: str) -> bool: ...
     async def descendants(self, tenant: str, conversation_id: str, limit: int = 1000) -> list[str]:
-        """Ids of the conversations forked from ``conversation_id``, directly or through other forks."""
+        """Ids of the (not deleted) conversations forked from ``conversation_id``, directly or through other
+        forks."""
+        ...
+
+    async def family(self, conversation_id: str) -> list[ConversationRecord]:
+        """Every conversation forked from ``conversation_id``, directly or through other forks, deleted ones
+        included: what the deletion's fork rule looks at."""
         ...
 
     async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]: ...
@@ -149,6 +170,13 @@ class Searches(Protocol):
         """(id, path, sha256) of every stored file."""
         ...
 
+    async def idle_conversations(
+        self, before: float | None, tenant: str | None, limit: int
+    ) -> list[ConversationRecord]:
+        """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``tenant`` (None:
+        every tenant), oldest first: what a purge deletes."""
+        ...
+
 
 class Writes(Reads, Protocol):
     """One write transaction: committed when its ``with`` block ends, rolled back if it raises."""
@@ -207,6 +235,19 @@ class Writes(Reads, Protocol):
 
     async def renew_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool: ...
     async def release_compaction_lease(self, conversation_id: str, owner: str) -> None: ...
+    async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
+        """Delete the conversation's rows except its messages ``[0, keep)`` and the summaries that rows of other
+        conversations still reference (with all they link to, and the messages those cover). With nothing
+        kept the row goes too; otherwise it stays, marked deleted, stripped of its key, instructions, context
+        and bookkeeping. A ``files`` row goes once no message refers to it (``Removed.paths``: their contents,
+        for ``Blobs.forget``); one that stays is attributed to a conversation that still refers to it.
+        The caller decides ``keep`` (the fork rule, ``proxy.engine.deletion``) and holds the conversation's lock."""
+        ...
+
+    async def delete_blobs(self, paths: Sequence[str]) -> int:
+        """Delete the payload contents at ``paths`` that no ``files`` row names (stores that keep payloads in the
+        database); how many went."""
+        ...
 
 
 class Store(Protocol):
@@ -221,6 +262,12 @@ class Store(Protocol):
     def write(self) -> AbstractAsyncContextManager[Writes]: ...
     async def integrity(self) -> list[str]:
         """Problems the database itself reports (its own integrity check, indexes, pending migrations)."""
+        ...
+
+    async def scrub(self, *, full: bool = False) -> list[str]:
+        """After deletions: make what they removed unreadable in the store's own files as far as the database
+        allows (README, "Deleting data"); ``full`` rewrites the tables (slow, and blocking on PostgreSQL). What
+        could not be done, one line each (nothing: done)."""
         ...
 
 
@@ -258,4 +305,10 @@ class Blobs(Protocol):
 
     async def check(self, files: Sequence[tuple[str, str, str]], *, verify_hashes: bool) -> list[str]:
         """Problems with the contents of ``files`` ((id, path, sha256) rows): missing, unreadable, changed."""
+        ...
+
+    async def forget(self, tx: Writes, paths: Sequence[str]) -> int:
+        """Delete the contents at ``paths`` that no ``files`` row names any more, in a write transaction that
+        begins after the one that removed the rows committed (a content deleted with its rows' transaction
+        still open would be missing if that transaction rolled back). How many went."""
         ...

@@ -299,6 +299,12 @@ class FileStore:
                 problems.append(f"{file_id}: content of {path} does not match its sha256")
         return problems
 
+    async def forget(self, tx: Writes, paths: Sequence[str]) -> int:
+        """Delete the stored files at ``paths`` that no row names, in ``tx`` as ``repair_files`` does (see above)."""
+        named = await tx.known_file_paths(list(paths)) if paths else set()
+        doomed = [path for path in dict.fromkeys(paths) if path not in named]
+        return sum(await asyncio.to_thread(lambda: [self.remove(path) for path in doomed]))
+
     def exists(self, relative: str) -> bool:
         try:
             return self.resolve(relative).is_file()

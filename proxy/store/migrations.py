@@ -230,3 +230,17 @@ migration(
     );
     """,
 )
+
+migration(
+    "m006_deleted_conversations",
+    """
+    -- A conversation deleted while live forks still share its prefix stays, marked, holding only what they need
+    -- (proxy.engine.deletion); every lookup made for a client skips it.
+    ALTER TABLE conversations ADD COLUMN deleted_at REAL;
+    -- Deleting walks forks and references: the foreign keys checked on every delete have an index each.
+    CREATE INDEX conversations_parent ON conversations(parent_id) WHERE parent_id IS NOT NULL;
+    CREATE INDEX conversations_updated ON conversations(updated_at);
+    CREATE INDEX files_conversation ON files(conversation_id);
+    CREATE INDEX context_items_summary ON context_items(summary_id);
+    """,
+)

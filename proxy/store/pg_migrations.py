@@ -160,6 +160,20 @@ migration(
 )
 
 
+migration(
+    "p002_deleted_conversations",
+    """
+    -- A conversation deleted while live forks still share its prefix stays, marked, holding only what they need
+    -- (proxy.engine.deletion); every lookup made for a client skips it.
+    ALTER TABLE lcm.conversations ADD COLUMN deleted_at double precision;
+    -- Deleting walks forks and references: the foreign keys checked on every delete have an index each.
+    CREATE INDEX conversations_updated ON lcm.conversations(updated_at);
+    CREATE INDEX files_conversation ON lcm.files(conversation_id);
+    CREATE INDEX context_items_summary ON lcm.context_items(summary_id);
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

@@ -24,6 +24,7 @@ from proxy.engine.errors import StoreUnavailable
 from proxy.store.base import Writes
 from proxy.store.files import FileStore
 from proxy.store.pg_migrations import MIGRATIONS, apply_migrations
+from proxy.store.postgres_delete import vacuum
 from proxy.store.postgres_reads import PostgresReads, translated
 from proxy.store.postgres_search import PostgresSearches
 from proxy.store.postgres_writes import PostgresWrites
@@ -114,6 +115,12 @@ class PostgresStore:
             problems.append("the pg_trgm extension is missing")
         return problems
 
+    async def scrub(self, *, full: bool = False) -> list[str]:
+        """After deletions: ``VACUUM`` the tables they touch (``proxy.store.postgres_delete`` says what that
+        does and does not remove)."""
+        with translated():
+            return await vacuum(self.pool, full=full)
+
 
 class PostgresBlobs:
     """Payload contents as rows of ``lcm.blobs`` (see the module docstring)."""
@@ -129,6 +136,11 @@ class PostgresBlobs:
         if row is None:
             raise FileNotFoundError(f"no stored content at {path}")
         return bytes(row[0])
+
+    async def forget(self, tx: Writes, paths: Sequence[str]) -> int:
+        """Contents no row names: normally none, those of a deletion go in its own transaction
+        (``remove_conversation``)."""
+        return await tx.delete_blobs(paths)
 
     async def check(self, files: Sequence[tuple[str, str, str]], *, verify_hashes: bool) -> list[str]:
         problems: list[str] = []

@@ -21,7 +21,7 @@ from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, S
 
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
-    "created_at, updated_at, summarized_upto, stubbed_upto, last_model"
+    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at"
 )
 MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
@@ -112,34 +112,43 @@ class Session:
 
 
 class PostgresReads(Session):
-    async def conversation(self, tenant: str | None, conversation_id: str) -> ConversationRecord | None:
+    async def conversation(
+        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+    ) -> ConversationRecord | None:
         row = await self._one(
-            f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE id = %s AND (%s::text IS NULL OR tenant = %s)",
-            (conversation_id, tenant, tenant),
+            f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE id = %s AND (%s::text IS NULL OR tenant = %s)"
+            " AND (%s OR deleted_at IS NULL)",
+            (conversation_id, tenant, tenant, deleted),
         )
         return ConversationRecord(*row) if row else None
 
     async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None:
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE tenant = %s AND (external_key = %s OR id = %s)"
-            " ORDER BY (external_key IS NOT DISTINCT FROM %s) DESC LIMIT 1",
+            " AND deleted_at IS NULL ORDER BY (external_key IS NOT DISTINCT FROM %s) DESC LIMIT 1",
             (tenant, key, key, key),
         )
         return ConversationRecord(*row) if row else None
 
     async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
-        rows = await self._all(f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE external_key = %s LIMIT 2", (key,))
+        rows = await self._all(
+            f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE external_key = %s AND deleted_at IS NULL LIMIT 2",
+            (key,),
+        )
         return [ConversationRecord(*r) for r in rows]
 
-    async def conversations(self, tenant: str | None = None, limit: int = 1000) -> list[ConversationRecord]:
+    async def conversations(
+        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+    ) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE (%s::text IS NULL OR tenant = %s)"
-            " ORDER BY updated_at DESC LIMIT %s",
-            (tenant, tenant, limit),
+            " AND (%s OR deleted_at IS NULL) ORDER BY updated_at DESC LIMIT %s",
+            (tenant, tenant, deleted, limit),
         )
         return [ConversationRecord(*r) for r in rows]
 
     async def chain_exists(self, chain_hash: str) -> bool:
+        # No filter for deleted conversations: see the SQLite store's (``Queries.chain_exists``).
         return await self._one("SELECT 1 FROM lcm.messages WHERE chain_hash = %s LIMIT 1", (chain_hash,)) is not None
 
     async def chain_in_conversation(self, conversation_id: str, seq: int, chain_hash: str) -> bool:
@@ -160,15 +169,25 @@ class PostgresReads(Session):
         rows = await self._all(
             "WITH RECURSIVE family(id) AS (SELECT id FROM lcm.conversations WHERE parent_id = %s AND tenant = %s"
             " UNION SELECT c.id FROM lcm.conversations c JOIN family f ON c.parent_id = f.id)"
-            " SELECT id FROM family LIMIT %s",
+            " SELECT c.id FROM family f JOIN lcm.conversations c ON c.id = f.id WHERE c.deleted_at IS NULL LIMIT %s",
             (conversation_id, tenant, limit),
         )
         return [str(r[0]) for r in rows]
 
+    async def family(self, conversation_id: str) -> list[ConversationRecord]:
+        rows = await self._all(
+            "WITH RECURSIVE family(id) AS (SELECT id FROM lcm.conversations WHERE parent_id = %s"
+            " UNION SELECT c.id FROM lcm.conversations c JOIN family f ON c.parent_id = f.id)"
+            f" SELECT {prefixed(CONV_COLUMNS, 'c')} FROM family f JOIN lcm.conversations c ON c.id = f.id",
+            (conversation_id,),
+        )
+        return [ConversationRecord(*r) for r in rows]
+
     async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {prefixed(CONV_COLUMNS, 'c')} FROM lcm.messages m"
-            " JOIN lcm.conversations c ON c.id = m.conversation_id WHERE m.chain_hash = %s AND c.tenant = %s",
+            " JOIN lcm.conversations c ON c.id = m.conversation_id WHERE m.chain_hash = %s AND c.tenant = %s"
+            " AND c.deleted_at IS NULL",
             (chain_hash, tenant),
         )
         return [ConversationRecord(*r) for r in rows]

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from proxy.store.base import Bounds, Hit, Phrase
-from proxy.store.postgres_reads import SUM_COLUMNS, PostgresReads, prefixed, translated
+from proxy.store.postgres_reads import CONV_COLUMNS, SUM_COLUMNS, PostgresReads, prefixed, translated
 from proxy.store.postgres_words import term_queries
-from proxy.store.records import SummaryRecord
+from proxy.store.records import ConversationRecord, SummaryRecord
 
 SEARCH_TIMEOUT_MS = 10_000  # a search or scan that runs longer is cancelled (reported as a busy store)
 _SUMMARY = prefixed(SUM_COLUMNS, "s")
@@ -170,3 +170,14 @@ class PostgresSearches(PostgresReads):
     async def all_files(self) -> list[tuple[str, str, str]]:
         rows = await self._all("SELECT id, path, sha256 FROM lcm.files ORDER BY id")
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    async def idle_conversations(
+        self, before: float | None, tenant: str | None, limit: int
+    ) -> list[ConversationRecord]:
+        rows = await self._search_all(
+            f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE deleted_at IS NULL"
+            " AND (%s::float8 IS NULL OR updated_at < %s) AND (%s::text IS NULL OR tenant = %s)"
+            " ORDER BY updated_at, id LIMIT %s",
+            (before, before, tenant, tenant, limit),
+        )
+        return [ConversationRecord(*r) for r in rows]

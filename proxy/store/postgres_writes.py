@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from proxy.store.postgres_delete import PostgresRemoval
 from proxy.store.postgres_reads import FILE_COLUMNS, SUM_COLUMNS, PostgresReads
 from proxy.store.postgres_words import tsvector
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
@@ -25,7 +26,7 @@ _MESSAGE_FIELDS = (
 OFF_LOOP_CHARS = 200_000  # texts of one append longer than this are folded into words in a worker thread
 
 
-class PostgresWrites(PostgresReads):
+class PostgresWrites(PostgresReads, PostgresRemoval):
     async def _lock(self, key: str) -> None:
         await self._run("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{LOCK_NAMESPACE}:{key}",))
 
@@ -185,11 +186,13 @@ class PostgresWrites(PostgresReads):
         )
 
     async def set_last_sent(self, conversation_id: str, sent_json: str) -> None:
+        # Nothing for a conversation deleted while its request ran.
         await self._run(
-            "INSERT INTO lcm.last_sent (conversation_id, sent_json, updated_at) VALUES (%s, %s, %s)"
+            "INSERT INTO lcm.last_sent (conversation_id, sent_json, updated_at) SELECT %s, %s, %s"
+            " WHERE EXISTS (SELECT 1 FROM lcm.conversations WHERE id = %s AND deleted_at IS NULL)"
             " ON CONFLICT (conversation_id) DO UPDATE"
             " SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
-            (conversation_id, sent_json, time.time()),
+            (conversation_id, sent_json, time.time(), conversation_id),
         )
 
     async def set_last_model(self, conversation_id: str, model: str) -> None:

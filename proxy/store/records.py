@@ -20,6 +20,9 @@ class ConversationRecord:
     summarized_upto: int = 0  # messages [0, summarized_upto) are covered by the context's summaries
     stubbed_upto: int = 0  # large tool results before this seq are forwarded as their stub
     last_model: str | None = None
+    # Set when the conversation was deleted while live forks still share its prefix: it is kept, invisible to
+    # every lookup made for a client, holding only what those forks need (``proxy.engine.deletion``).
+    deleted_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,25 @@ class SummaryRecord:
     summarizer_model: str | None
     escalation: int
     created_at: float
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What one ``Writes.remove_conversation`` took away (and what it left for live forks)."""
+
+    conversations: int = 0  # rows removed entirely (0: the conversation stays, marked deleted, for its forks)
+    messages: int = 0
+    summaries: int = 0
+    files: int = 0  # ``files`` rows no message refers to any more
+    paths: tuple[str, ...] = ()  # their payload contents, for ``Blobs.forget``
+    kept_messages: int = 0  # messages [0, kept_messages) stay for live forks
+
+    def __add__(self, other: Removed) -> Removed:
+        return Removed(
+            self.conversations + other.conversations,
+            self.messages + other.messages,
+            self.summaries + other.summaries,
+            self.files + other.files,
+            tuple(dict.fromkeys(self.paths + other.paths)),
+            self.kept_messages,  # the first conversation's: the one a deletion was asked for
+        )

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
@@ -31,62 +30,18 @@ import aiosqlite
 
 from proxy.store.migrations import MIGRATIONS, apply_migrations
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
-from proxy.store.sqlite_reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable, is_busy
+from proxy.store.sqlite_connect import connect, connect_on_loop
+from proxy.store.sqlite_delete import SQLiteRemoval, scrub
+from proxy.store.sqlite_reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable
 
 if TYPE_CHECKING:
     from proxy.store.sqlite_search import SQLiteSearches
 
 DB_NAME = "lcm.sqlite3"
-_PRAGMAS = (
-    "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable across process crashes, no fsync per commit
-    "PRAGMA foreign_keys=ON",
-)
 BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another process's write lock before it gives up
 
 
-async def _switch_to_wal(conn: aiosqlite.Connection) -> None:
-    """``PRAGMA journal_mode=WAL``, waiting out other processes doing the same. On a new file, connections of
-    several processes (``--workers``) switching it at once get "database is locked" at once: SQLite skips the
-    busy handler where waiting could deadlock (a shared lock upgrading to exclusive). It is retried here, up to
-    the busy timeout, as the busy handler would have waited."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            await conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as error:
-            if not is_busy(error) or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.01)
-
-
-async def _connect(path: Path) -> aiosqlite.Connection:
-    conn = aiosqlite.connect(path, isolation_level=None)  # we issue BEGIN/COMMIT ourselves
-    # aiosqlite's worker thread is not a daemon: a store left open (a crashed lifespan, a failed test holding
-    # it in a traceback) kept the interpreter from ever exiting. A daemon thread dies with the process; SQLite
-    # rolls back whatever transaction it had open, so the file stays consistent. (Before aiosqlite 0.20 the
-    # connection object was itself the thread.)
-    worker: threading.Thread = getattr(conn, "_thread", None) or conn  # type: ignore[assignment]
-    worker.daemon = True
-    await conn
-    await conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_MS)}")
-    await _switch_to_wal(conn)
-    for pragma in _PRAGMAS:
-        await conn.execute(pragma)
-    return conn
-
-
-def _connect_on_loop(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    for pragma in ("PRAGMA journal_mode=WAL", *_PRAGMAS):  # open() switched the file to WAL already: no wait
-        conn.execute(pragma)
-    # A WAL reader only waits during another connection's recovery; never stall the loop for long.
-    conn.execute("PRAGMA busy_timeout=2000")
-    conn.execute("PRAGMA query_only=ON")
-    return conn
-
-
-class WriteTransaction(Queries):
+class WriteTransaction(SQLiteRemoval, Queries):
     conn: aiosqlite.Connection
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
@@ -236,8 +191,10 @@ class WriteTransaction(Queries):
         )
 
     async def set_last_sent(self, conversation_id: str, sent_json: str) -> None:
+        # Nothing for a conversation deleted while its request ran.
         await self.conn.execute(
-            "INSERT INTO last_sent (conversation_id, sent_json, updated_at) VALUES (?, ?, ?)"
+            "INSERT INTO last_sent (conversation_id, sent_json, updated_at) SELECT ?1, ?2, ?3"
+            " WHERE EXISTS (SELECT 1 FROM conversations WHERE id = ?1 AND deleted_at IS NULL)"
             " ON CONFLICT(conversation_id) DO UPDATE"
             " SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
             (conversation_id, sent_json, time.time()),
@@ -327,10 +284,10 @@ class SQLiteStore:
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         os.chmod(self.path, 0o600)
-        self._writer = await _connect(self.path)
+        self._writer = await connect(self.path, BUSY_TIMEOUT_MS)
         await apply_migrations(self._writer)
-        self._reader = await _connect(self.path)
-        self._loop_reader = _connect_on_loop(self.path)
+        self._reader = await connect(self.path, BUSY_TIMEOUT_MS)
+        self._loop_reader = connect_on_loop(self.path)
         for suffix in ("-wal", "-shm"):
             sidecar = Path(str(self.path) + suffix)
             if sidecar.exists():
@@ -365,9 +322,17 @@ class SQLiteStore:
         return self._reader
 
     async def integrity(self) -> list[str]:
-        """SQLite's own checks (pages, foreign keys, both full-text indexes) and pending migrations."""
+        """SQLite's own checks (pages, foreign keys, both full-text indexes) and pending migrations. On a
+        connection of their own: FTS5 (SQLite 3.51) checked its indexes against the structure a long-lived
+        connection had cached, and reported as corrupt the segments another connection had merged since."""
         assert self._reader is not None, "store is not open"
-        reader = self._reader
+        reader = await connect(self.path, BUSY_TIMEOUT_MS)
+        try:
+            return await self._integrity(reader)
+        finally:
+            await reader.close()
+
+    async def _integrity(self, reader: aiosqlite.Connection) -> list[str]:
         problems: list[str] = []
         async with reader.execute("PRAGMA integrity_check") as cursor:
             if (await cursor.fetchone() or ("",))[0] != "ok":
@@ -384,6 +349,16 @@ class SQLiteStore:
             except sqlite3.DatabaseError as error:
                 problems.append(f"full-text index {table} is out of sync with its table ({error})")
         return problems
+
+    async def scrub(self, *, full: bool = False) -> list[str]:
+        """After deletions: old index entries and page images out of the files (``proxy.store.sqlite_delete``)."""
+        assert self._writer is not None, "store is not open"
+        async with self._lock:
+            if self._writer.in_transaction:
+                await self._writer.rollback()
+            with busy_is_retryable():
+                notes: list[str] = await _uncancellable(scrub(self._writer, full=full))
+                return notes
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[WriteTransaction]:

@@ -16,7 +16,7 @@ from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, S
 
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
-    "created_at, updated_at, summarized_upto, stubbed_upto, last_model"
+    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at"
 )
 MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "
@@ -68,18 +68,22 @@ class Queries:
             async with self.conn.execute(sql, args) as cursor:
                 return list(await cursor.fetchall())
 
-    async def conversation(self, tenant: str | None, conversation_id: str) -> ConversationRecord | None:
-        """``tenant=None`` is for the operator's CLI only, which sees every tenant."""
+    async def conversation(
+        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+    ) -> ConversationRecord | None:
+        """``tenant=None`` is for the operator's CLI only, which sees every tenant; ``deleted=True`` also finds a
+        deleted conversation kept for its forks."""
         row = await self._one(
-            f"SELECT {CONV_COLUMNS} FROM conversations WHERE id = ? AND (? IS NULL OR tenant = ?)",
-            (conversation_id, tenant, tenant),
+            f"SELECT {CONV_COLUMNS} FROM conversations WHERE id = ? AND (? IS NULL OR tenant = ?)"
+            " AND (? OR deleted_at IS NULL)",
+            (conversation_id, tenant, tenant, deleted),
         )
         return ConversationRecord(*row) if row else None
 
     async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None:
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE tenant = ? AND (external_key = ? OR id = ?)"
-            " ORDER BY external_key = ? DESC LIMIT 1",
+            " AND deleted_at IS NULL ORDER BY external_key = ? DESC LIMIT 1",
             (tenant, key, key, key),
         )
         return ConversationRecord(*row) if row else None
@@ -87,17 +91,25 @@ class Queries:
     async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
         """The conversations clients of any tenant named ``key`` (for the operator's CLI, which sees every
         tenant): two at most, enough to tell a unique key from an ambiguous one."""
-        rows = await self._all(f"SELECT {CONV_COLUMNS} FROM conversations WHERE external_key = ? LIMIT 2", (key,))
+        rows = await self._all(
+            f"SELECT {CONV_COLUMNS} FROM conversations WHERE external_key = ? AND deleted_at IS NULL LIMIT 2", (key,)
+        )
         return [ConversationRecord(*r) for r in rows]
 
-    async def conversations(self, tenant: str | None = None, limit: int = 1000) -> list[ConversationRecord]:
-        where, args = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
+    async def conversations(
+        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+    ) -> list[ConversationRecord]:
+        where, args = ("tenant = ?", [tenant]) if tenant is not None else ("1", [])
         rows = await self._all(
-            f"SELECT {CONV_COLUMNS} FROM conversations {where} ORDER BY updated_at DESC LIMIT ?", (*args, limit)
+            f"SELECT {CONV_COLUMNS} FROM conversations WHERE {where} AND (? OR deleted_at IS NULL)"
+            " ORDER BY updated_at DESC LIMIT ?",
+            (*args, deleted, limit),
         )
         return [ConversationRecord(*r) for r in rows]
 
     async def chain_exists(self, chain_hash: str) -> bool:
+        # Deleted conversations need no filter here: the prefix one keeps is copied in a live fork of the same
+        # tenant (chain hashes and all), and the lookups that name a conversation skip deleted ones.
         return await self._one("SELECT 1 FROM messages WHERE chain_hash = ? LIMIT 1", (chain_hash,)) is not None
 
     async def chain_in_conversation(self, conversation_id: str, seq: int, chain_hash: str) -> bool:
@@ -120,15 +132,27 @@ class Queries:
         rows = await self._all(
             "WITH RECURSIVE family(id) AS (SELECT id FROM conversations WHERE parent_id = ? AND tenant = ?"
             " UNION SELECT c.id FROM conversations c JOIN family f ON c.parent_id = f.id)"
-            " SELECT id FROM family LIMIT ?",
+            " SELECT c.id FROM family f JOIN conversations c ON c.id = f.id WHERE c.deleted_at IS NULL LIMIT ?",
             (conversation_id, tenant, limit),
         )
         return [str(r[0]) for r in rows]
 
+    async def family(self, conversation_id: str) -> list[ConversationRecord]:
+        """Every conversation forked from ``conversation_id``, directly or through other forks, deleted included."""
+        rows = await self._all(
+            "WITH RECURSIVE family(id) AS (SELECT id FROM conversations WHERE parent_id = ?"
+            " UNION SELECT c.id FROM conversations c JOIN family f ON c.parent_id = f.id)"
+            f" SELECT {', '.join('c.' + c.strip() for c in CONV_COLUMNS.split(','))} FROM family f"
+            " JOIN conversations c ON c.id = f.id",
+            (conversation_id,),
+        )
+        return [ConversationRecord(*r) for r in rows]
+
     async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {', '.join('c.' + c.strip() for c in CONV_COLUMNS.split(','))} FROM messages m"
-            " JOIN conversations c ON c.id = m.conversation_id WHERE m.chain_hash = ? AND c.tenant = ?",
+            " JOIN conversations c ON c.id = m.conversation_id WHERE m.chain_hash = ? AND c.tenant = ?"
+            " AND c.deleted_at IS NULL",
             (chain_hash, tenant),
         )
         return [ConversationRecord(*r) for r in rows]

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.store.base import Bounds, Hit, Phrase
-from proxy.store.records import SummaryRecord
-from proxy.store.sqlite_reads import SUM_COLUMNS, Queries
+from proxy.store.records import ConversationRecord, SummaryRecord
+from proxy.store.sqlite_reads import CONV_COLUMNS, SUM_COLUMNS, Queries
 
 
 def fts_query(phrases: Sequence[Phrase]) -> str:
@@ -114,3 +114,13 @@ class SQLiteSearches(Queries):
     async def all_files(self) -> list[tuple[str, str, str]]:
         rows = await self._all("SELECT id, path, sha256 FROM files ORDER BY id", ())
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    async def idle_conversations(
+        self, before: float | None, tenant: str | None, limit: int
+    ) -> list[ConversationRecord]:
+        rows = await self._all(
+            f"SELECT {CONV_COLUMNS} FROM conversations WHERE deleted_at IS NULL AND (?1 IS NULL OR updated_at < ?1)"
+            " AND (?2 IS NULL OR tenant = ?2) ORDER BY updated_at, id LIMIT ?3",
+            (before, tenant, limit),
+        )
+        return [ConversationRecord(*r) for r in rows]

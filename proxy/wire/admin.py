@@ -113,9 +113,15 @@ async def compact(request: Request, state: AppState, tenant: str) -> dict[str, A
     return await state.admin.compact(tenant, record.id, summarizer)
 
 
+async def delete(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    """Delete a conversation of the caller's (``proxy.engine.deletion``); another's is an unknown id (404)."""
+    return await state.admin.delete(tenant, request.path_params["id"])
+
+
 ADMIN_ROUTES = [
     Route("/lcm/conversations", endpoint(conversations), methods=["GET"]),
     Route("/lcm/conversations/{id}", endpoint(conversation), methods=["GET"]),
+    Route("/lcm/conversations/{id}", endpoint(delete), methods=["DELETE"]),
     Route("/lcm/conversations/{id}/messages", endpoint(messages), methods=["GET"]),
     Route("/lcm/conversations/{id}/context", endpoint(context), methods=["GET"]),
     Route("/lcm/conversations/{id}/grep", endpoint(grep), methods=["GET"]),

@@ -1,0 +1,254 @@
+"""Deleting conversations: one on request (``DELETE /lcm/conversations/{id}``, ``lcm-proxy delete``), all of a
+tenant's, or those idle too long (``lcm-proxy purge``, ``lcm_settings.retention_days``).
+
+**Forks.** A fork holds its own copy of the messages it shares with its parent, but its context names the
+parent's summaries of that prefix (nothing is summarised twice), those summaries link to the parent's
+messages, and recall reaches into the parent's prefix (``proxy.engine.recall.Scope``). So a conversation that
+live forks (directly or through other forks) still share a prefix with cannot vanish whole. Deleting it
+leaves a *tombstone*: its row, marked ``deleted_at``, keeping only its messages up to the furthest point any
+live fork left it and the summaries live rows reference (with everything they link to). Its key,
+instructions, context and bookkeeping go at once, the rest of its messages and summaries too, and payload
+files no other message refers to. A tombstone is invisible to everything done for a client: listings, the
+``/lcm/`` views, export, lookups by id or key, and identity matching (a new request with the same opening
+never continues it: the store's chain lookups skip it, and what it keeps is copied in a live fork anyway);
+only a fork's recall scope and the doctor walk through it. When its last live fork goes, the tombstone goes,
+and so does a tombstoned ancestor that nothing live needs any more. Deleting a fork never touches a live
+parent.
+
+Each deletion is one write transaction holding the locks of the conversation and of the tombstoned ancestors
+it trims (in that order: child first), so concurrent deletions of sibling forks see each other's result.
+Payload contents no row names any more are deleted after the commit (``Blobs.forget``), then the store is
+scrubbed (``Store.scrub``: what that does per backend is in ``proxy.store.sqlite_delete`` and
+``proxy.store.postgres_delete``).
+
+Every deletion logs one INFO line on ``lcm_proxy.audit``: who asked (tenant, and through what: ``api``,
+``cli``, ``retention``), which conversation, how much went. Never content, never keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from proxy.engine.errors import NotFound
+from proxy.store.base import Blobs, Store, Writes
+from proxy.store.records import ConversationRecord, Removed
+
+audit = logging.getLogger("lcm_proxy.audit")
+log = logging.getLogger("lcm_proxy.deletion")
+
+PURGE_BATCH = 100  # conversations listed at a time by a purge
+RETENTION_INTERVAL = 3600.0  # seconds between retention passes
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """One deletion: the conversation asked for, and everything that went with it (tombstoned ancestors
+    that nothing live needed any more)."""
+
+    id: str
+    tenant: str
+    messages: int
+    summaries: int
+    files: int
+    forks: int  # live forks that keep a prefix of it (0: nothing of it is left)
+    kept_messages: int  # messages [0, kept_messages) kept for them
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "deleted": True,
+            "messages": self.messages,
+            "summaries": self.summaries,
+            "files": self.files,
+            "kept_for_forks": {"forks": self.forks, "messages": self.kept_messages},
+        }
+
+
+def shared_prefix(conversation_id: str, family: Sequence[ConversationRecord]) -> tuple[int, int]:
+    """(messages of ``conversation_id`` that live conversations forked from it still share, how many such
+    live conversations there are). A fork of a fork shares at most what its own parent shares."""
+    children: dict[str, list[ConversationRecord]] = {}
+    for record in family:
+        children.setdefault(record.parent_id or "", []).append(record)
+    keep, live = 0, 0
+    stack: list[tuple[str, float]] = [(conversation_id, math.inf)]
+    seen: set[str] = set()
+    while stack:
+        node, bound = stack.pop()
+        for child in children.get(node, []):
+            if child.id in seen:
+                continue
+            seen.add(child.id)
+            shared = min(bound, child.fork_seq or 0)
+            if child.deleted_at is None:
+                live += 1
+                keep = max(keep, int(shared))
+            stack.append((child.id, shared))
+    return keep, live
+
+
+class Deleter:
+    def __init__(self, store: Store, files: Blobs) -> None:
+        self.store = store
+        self.files = files
+
+    async def delete(
+        self, tenant: str | None, conversation_id: str, *, via: str, scrub: bool = True, full: bool = False
+    ) -> Deleted:
+        """Delete one conversation of ``tenant`` (None: the operator's, any tenant) by its id, then scrub the
+        store (``full``: rewriting its tables) unless ``scrub`` is False. An unknown id, a conversation of
+        another tenant and one deleted already are all ``NotFound``. Shielded: a caller that goes away (a
+        client hanging up) does not leave the payloads or the scrub of a committed deletion undone."""
+        return await asyncio.shield(self._delete(tenant, conversation_id, via, scrub, full))
+
+    async def _delete(self, tenant: str | None, conversation_id: str, via: str, scrub: bool, full: bool) -> Deleted:
+        async with self.store.write() as tx:
+            await tx.lock_conversation(conversation_id)
+            record = await tx.conversation(tenant, conversation_id)
+            if record is None:
+                raise NotFound(f"no conversation {conversation_id}")
+            removed, forks = await self._remove(tx, record)
+        if removed.paths:
+            async with self.store.write() as tx:
+                await self.files.forget(tx, removed.paths)
+        deleted = Deleted(
+            record.id, record.tenant, removed.messages, removed.summaries, removed.files, forks, removed.kept_messages
+        )
+        audit.info(
+            "deleted conversation %s of tenant %r via %s: %d messages, %d summaries, %d files removed%s",
+            deleted.id,
+            deleted.tenant,
+            via,
+            deleted.messages,
+            deleted.summaries,
+            deleted.files,
+            f"; its first {deleted.kept_messages} messages are kept for {forks} live fork(s)" if forks else "",
+        )
+        if scrub:
+            await self.scrub(full=full)
+        return deleted
+
+    async def _remove(self, tx: Writes, record: ConversationRecord) -> tuple[Removed, int]:
+        """Remove ``record`` (a tombstone if live forks share its prefix), then trim or remove each tombstoned
+        ancestor up to the first live one, which this deletion leaves as it is."""
+        keep, forks = shared_prefix(record.id, await tx.family(record.id))
+        total = await tx.remove_conversation(record.id, keep)
+        current = record
+        while current.parent_id is not None:
+            # A live parent is left alone, and not locked either: a request continuing it may hold its lock
+            # and wait for this conversation's. A deleted one is only ever locked by deletions.
+            parent = await tx.conversation(None, current.parent_id, deleted=True)
+            if parent is None or parent.deleted_at is None:
+                break
+            if await tx.lock_conversation(parent.id):  # another deletion may have removed it meanwhile
+                reread = await tx.conversation(None, parent.id, deleted=True)
+                if reread is None:
+                    break
+                parent = reread
+            keep, _ = shared_prefix(parent.id, await tx.family(parent.id))
+            total += await tx.remove_conversation(parent.id, keep)
+            current = parent
+        return total, forks
+
+    async def scrub(self, *, full: bool = False) -> None:
+        """``Store.scrub``. What it could not do is a warning, not the deletion's failure: the rows are gone, and
+        the next scrub (the next deletion's, or the database's own checkpoint and autovacuum) gets there."""
+        try:
+            notes = await self.store.scrub(full=full)
+        except Exception:
+            log.warning("the store could not be scrubbed after deleting", exc_info=True)
+            return
+        for note in notes:
+            log.warning("after deleting: %s", note)
+
+    async def candidates(self, tenant: str | None, before: float | None, limit: int) -> list[ConversationRecord]:
+        """What a purge would delete (at most ``limit``): conversations of ``tenant`` (None: all) last active
+        before ``before`` (None: whenever), oldest first."""
+        return await self.store.search.idle_conversations(before, tenant, limit)
+
+    async def purge(
+        self,
+        tenant: str | None,
+        before: float | None,
+        *,
+        via: str,
+        full: bool = False,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[Deleted]:
+        """Delete every conversation ``candidates`` names (the fork rule applies to each), one transaction
+        each, then scrub once. ``stop``: asked between deletions, True ends the purge early."""
+        if tenant is None and before is None:
+            raise ValueError("a purge names a tenant or a cutoff")
+        done: list[Deleted] = []
+        tried: set[str] = set()
+        while stop is None or not stop():
+            batch = [c for c in await self.candidates(tenant, before, PURGE_BATCH) if c.id not in tried]
+            if not batch:
+                break
+            for record in batch:
+                if stop is not None and stop():
+                    break
+                tried.add(record.id)
+                try:
+                    done.append(await self.delete(record.tenant, record.id, via=via, scrub=False))
+                except NotFound:
+                    continue  # deleted meanwhile (another worker's retention pass, an API call)
+        if done or full:
+            await self.scrub(full=full)
+        return done
+
+
+class Retention:
+    """``lcm_settings.retention_days``: a background task that purges conversations idle longer than that, at
+    startup and then every ``interval`` seconds. Workers and replicas may each run one: a deletion is one
+    locked transaction, and a conversation another one deleted first is skipped. All the work runs off the
+    event loop (the store's writer and search connections, a worker thread for files); ``stop`` lets the
+    deletion in progress finish, then ends the task."""
+
+    def __init__(self, deleter: Deleter, days: int, interval: float = RETENTION_INTERVAL) -> None:
+        self.deleter = deleter
+        self.days = days
+        self.interval = interval
+        self.passes = 0
+        self._stop = asyncio.Event()
+        self._passed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on (tests wait on it from elsewhere)
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name="lcm-retention")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def wait_for_pass(self, count: int) -> None:
+        """Until ``count`` passes have finished (tests)."""
+        async with self._passed:
+            await self._passed.wait_for(lambda: self.passes >= count)
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                cutoff = time.time() - self.days * 86400
+                deleted = await self.deleter.purge(None, cutoff, via="retention", stop=self._stop.is_set)
+                if deleted:
+                    log.info("retention: deleted %d conversation(s) idle for %d days or more", len(deleted), self.days)
+            except Exception:
+                log.exception("retention: the purge failed; it runs again in %.0f s", self.interval)
+            async with self._passed:
+                self.passes += 1
+                self._passed.notify_all()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.interval)
+
+
+__all__ = ["Deleted", "Deleter", "Retention", "shared_prefix"]

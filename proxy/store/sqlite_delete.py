@@ -1,0 +1,154 @@
+"""The SQLite store's deletions: a conversation's rows (``Writes.remove_conversation``) and the scrub that
+follows (``SQLiteStore.scrub``).
+
+What deleted content leaves behind in SQLite, and what takes it away:
+
+* freed space in the database's pages: ``PRAGMA secure_delete=ON`` on every connection of the store (set
+  when it connects) zeroes content as it is deleted or overwritten, so nothing freed by the proxy lingers;
+* the full-text indexes: FTS5 records a deletion as a marker beside the old entry, which stays (the deleted
+  message's words with it) until its segment is merged. The scrub merges each index whole (``optimize``),
+  which costs time in proportion to the index. FTS5's own ``secure-delete`` option (SQLite 3.42 and later)
+  would remove entries at once, but it switches the index to a format that SQLite before 3.42 refuses
+  ("invalid fts5 file format"), and the same data directory may well be opened by another Python (the CLI,
+  a container), so it is not used;
+* the write-ahead log: old page images stay in ``lcm.sqlite3-wal`` until a checkpoint copies the pages back
+  and the log is truncated (``wal_checkpoint(TRUNCATE)``), which waits for readers of older snapshots (other
+  processes) to finish, up to the busy timeout.
+
+The file system's own copies (freed blocks, snapshots, backups) are out of SQLite's reach.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from proxy.store.records import Removed
+
+FTS_TABLES = ("messages_fts", "summaries_fts")
+CHUNK = 500  # ids per IN (...) list: far below SQLite's 32,766 parameters
+
+# The summaries of conversation ? that rows of other conversations still reference (another conversation's
+# context, or another conversation's summary through its sources), and everything they link to. Run after the
+# conversation's own context items are gone.
+KEPT_SUMMARIES = """
+WITH RECURSIVE kept(id) AS (
+    SELECT s.id FROM summaries s WHERE s.conversation_id = ?1 AND (
+        EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
+        OR EXISTS (SELECT 1 FROM summary_sources ss JOIN summaries p ON p.id = ss.summary_id
+                   WHERE ss.child_summary_id = s.id AND p.conversation_id != ?1))
+    UNION
+    SELECT ss.child_summary_id FROM summary_sources ss JOIN kept k ON ss.summary_id = k.id
+    WHERE ss.child_summary_id IS NOT NULL
+)
+SELECT id FROM kept
+"""
+
+
+def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+
+
+class SQLiteRemoval:
+    """``remove_conversation`` and ``delete_blobs`` of a write transaction (``sqlite.WriteTransaction``)."""
+
+    conn: aiosqlite.Connection
+
+    async def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        async with self.conn.execute(sql, args) as cursor:
+            return list(await cursor.fetchall())
+
+    async def _count(self, sql: str, args: Sequence[Any]) -> int:
+        cursor = await self.conn.execute(sql, args)
+        return max(0, cursor.rowcount)
+
+    async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
+        cid = conversation_id
+        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
+            await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
+        kept = {str(r[0]) for r in await self._fetch(KEPT_SUMMARIES, (cid,))}
+        owned = [str(r[0]) for r in await self._fetch("SELECT id FROM summaries WHERE conversation_id = ?", (cid,))]
+        kept &= set(owned)
+        if kept:  # the messages the kept summaries cover stay too (they are within the forks' prefix anyway)
+            for chunk in _chunks(sorted(kept)):
+                row = await self._fetch(
+                    "SELECT max(m.seq) FROM summary_sources ss JOIN messages m ON m.id = ss.message_id"
+                    f" WHERE ss.summary_id IN ({','.join('?' * len(chunk))})",
+                    tuple(chunk),
+                )
+                if row and row[0][0] is not None:
+                    keep = max(keep, int(row[0][0]) + 1)
+        doomed = [s for s in owned if s not in kept]
+        for chunk in _chunks(doomed):
+            marks = ",".join("?" * len(chunk))
+            await self.conn.execute(f"DELETE FROM summary_sources WHERE summary_id IN ({marks})", tuple(chunk))
+            await self.conn.execute(f"DELETE FROM summaries WHERE id IN ({marks})", tuple(chunk))
+        linked = await self._fetch(
+            "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"
+            " WHERE m.conversation_id = ? AND m.seq >= ?",
+            (cid, keep),
+        )
+        await self.conn.execute(
+            "DELETE FROM message_files WHERE message_id IN (SELECT id FROM messages WHERE conversation_id = ?"
+            " AND seq >= ?)",
+            (cid, keep),
+        )
+        messages = await self._count("DELETE FROM messages WHERE conversation_id = ? AND seq >= ?", (cid, keep))
+        # A file first seen here that others still refer to is attributed to one of them (a live one first).
+        await self.conn.execute(
+            "UPDATE files SET conversation_id = coalesce((SELECT m.conversation_id FROM message_files mf"
+            " JOIN messages m ON m.id = mf.message_id JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE mf.file_id = files.id AND m.conversation_id != ?1 ORDER BY c.deleted_at IS NOT NULL, m.id"
+            " LIMIT 1), conversation_id) WHERE conversation_id = ?1",
+            (cid,),
+        )
+        owned_files = await self._fetch("SELECT id FROM files WHERE conversation_id = ?", (cid,))
+        paths: list[str] = []
+        for (file_id,) in dict.fromkeys(tuple(r) for r in [*linked, *owned_files]):
+            gone = await self._fetch(
+                "DELETE FROM files WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM message_files WHERE file_id = ?1)"
+                " RETURNING path",
+                (file_id,),
+            )
+            paths += [str(r[0]) for r in gone]
+        children = await self._fetch("SELECT 1 FROM conversations WHERE parent_id = ? LIMIT 1", (cid,))
+        if keep == 0 and not kept and not children:
+            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
+            return Removed(1, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), 0)
+        await self.conn.execute(
+            "UPDATE conversations SET deleted_at = coalesce(deleted_at, ?1), external_key = NULL,"
+            " instructions_json = NULL, last_model = NULL, summarized_upto = 0, stubbed_upto = 0,"
+            " message_count = (SELECT count(*) FROM messages WHERE conversation_id = ?2),"
+            " token_count = (SELECT coalesce(sum(token_count), 0) FROM messages WHERE conversation_id = ?2)"
+            " WHERE id = ?2",
+            (time.time(), cid),
+        )
+        return Removed(0, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), keep)
+
+    async def delete_blobs(self, paths: Sequence[str]) -> int:
+        raise TypeError("the SQLite store keeps payloads in files (FileStore.forget), not in the database")
+
+
+async def scrub(conn: aiosqlite.Connection, *, full: bool) -> list[str]:
+    """Run by ``SQLiteStore.scrub`` on its writer connection, outside any transaction, holding its lock."""
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table in FTS_TABLES:
+            await conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+    if full:
+        await conn.execute("VACUUM")
+    async with conn.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
+        busy, *_ = await cursor.fetchone() or (0,)
+    if busy:
+        return [
+            "the write-ahead log could not be truncated (another process was reading): old page images stay in"
+            " lcm.sqlite3-wal until a later checkpoint overwrites them"
+        ]
+    return []
