@@ -125,3 +125,28 @@ def test_a_request_is_answered_from_what_fits_when_compaction_overruns_its_deadl
             f"{proxy.base_url}/chat/completions", json={"model": "local", "messages": follow, "max_tokens": 64}
         )
         assert second.status_code == 200 and int(second.headers["x-lcm-summaries"]) > 0
+
+
+def test_a_conversation_deleted_while_its_request_waits_is_a_retryable_409(proxy_factory: Any) -> None:
+    """The admin deletes a conversation while a request of it waits on its inline compaction: the request
+    gets a 409 the client may retry (which starts afresh), never a 500; the store stays consistent (doctor
+    runs on it after the test)."""
+    upstream = HeldSummaries()
+    with serve_in_thread(upstream.app) as url:
+        proxy = start(proxy_factory, url, deadline=120)
+        answers: list[httpx.Response] = []
+        body = {"model": "local", "messages": history(30), "max_tokens": 64}
+        waiting = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60))
+        )
+        waiting.start()
+        assert upstream.summary_requested.wait(10)
+        [conversation] = [c["id"] for c in httpx.get(f"{proxy.url}/lcm/conversations").json()["data"]]
+        deleted = httpx.delete(f"{proxy.url}/lcm/conversations/{conversation}", timeout=30)
+        assert deleted.status_code == 200, deleted.text
+        upstream.let_go()
+        waiting.join(60)
+        [answer] = answers
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["error"]["type"] != "server_error" and "deleted" in answer.json()["error"]["message"]
+        assert httpx.get(f"{proxy.url}/lcm/conversations/{conversation}").status_code == 404

@@ -25,7 +25,7 @@ from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, r
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
-from proxy.engine.errors import ContextTooLong
+from proxy.engine.errors import ContextTooLong, ConversationBusy
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
@@ -262,7 +262,8 @@ class ContextEngine:
 
     async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
         conversation = await self.store.read.conversation(tenant, conversation_id)
-        assert conversation is not None
+        if conversation is None:  # deleted (the admin API, the CLI, retention) while this request was in flight
+            raise ConversationBusy(f"Conversation {conversation_id} was deleted while this request used it; retry.")
         return conversation
 
     def _too_large(self, needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
