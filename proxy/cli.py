@@ -20,6 +20,7 @@ from proxy.cli_delete import add_deleting_commands
 from proxy.config import Needed, ProxyConfig, load_config
 from proxy.errors import ConfigError
 from proxy.logs import configure_serving_logs
+from proxy.scopes import user_scope
 from proxy.store import Location, is_postgres_url
 
 DEFAULT_CONFIG = "config/proxy.yaml"
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
     add_store(listing)
     listing.add_argument("--tenant", help="only this tenant's conversations")
+    listing.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
     listing.add_argument(
         "--limit", type=_at_least_one, default=100, help="at most this many, newest first (default: 100)"
     )
@@ -259,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
         add_store(p)
         p.add_argument("--tenant", help="refuse a conversation of another tenant")
+        p.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
         if name == "compact":
             p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
         p.set_defaults(func=cmd_operator)
@@ -276,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
     grep.add_argument("--limit", type=_at_least_one, default=20)
     grep.add_argument("--tenant", help="refuse a conversation of another tenant")
+    grep.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
     add_store(grep)
     grep.set_defaults(func=cmd_operator)
 
@@ -288,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--start-line", type=_at_least_one, dest="start_line", help="files: first line (from 1)")
     describe.add_argument("--end-line", type=_at_least_one, dest="end_line", help="files: last line, inclusive")
     describe.add_argument("--tenant", help="refuse an id of another tenant")
+    describe.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
     add_store(describe)
     describe.set_defaults(func=cmd_operator)
 
@@ -341,6 +346,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if getattr(args, "config_path", None):
         args.config = args.config_path
+    if getattr(args, "user", None):
+        if not args.tenant:
+            print(
+                f"lcm-proxy {args.command}: error: --user needs --tenant (the tenant the user is in)", file=sys.stderr
+            )
+            return 2
+        args.tenant = user_scope(args.tenant, args.user)  # an end user's conversations live in a scope of their own
     start, end = getattr(args, "start_line", None), getattr(args, "end_line", None)
     if start is not None and end is not None and end < start:
         print(f"lcm-proxy {args.command}: error: --end-line {end} is before --start-line {start}", file=sys.stderr)

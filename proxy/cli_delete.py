@@ -100,6 +100,7 @@ def add_deleting_commands(sub: Any, add_store: Callable[[argparse.ArgumentParser
     delete.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
     add_store(delete)
     delete.add_argument("--tenant", help="refuse a conversation of another tenant")
+    delete.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
     add_deleting(delete)
     delete.set_defaults(func=cmd_delete)
 
@@ -114,6 +115,7 @@ def add_deleting_commands(sub: Any, add_store: Callable[[argparse.ArgumentParser
         "--older-than", type=_duration, metavar="DURATION", help="idle for longer than this: 30d, 12h or 90m"
     )
     purge.add_argument("--tenant", help="only this tenant's conversations")
+    purge.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
     purge.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     add_store(purge)
     add_deleting(purge)

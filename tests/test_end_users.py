@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.wire.auth import user_scope
+from proxy.scopes import user_scope
 from tests.conftest import RunningProxy
 from tests.fakes import FakeUpstream
 
@@ -135,3 +135,22 @@ def test_a_user_field_of_the_wrong_type_is_a_400_naming_it(proxy: RunningProxy) 
         timeout=30,
     )
     assert response.status_code == 400 and response.json()["error"]["param"] == "user"
+
+
+def test_the_cli_names_an_end_user_and_deletes_everything_of_theirs(proxy: RunningProxy) -> None:
+    """A privacy request for one end user: ``purge --tenant T --user U --yes`` deletes that user's
+    conversations and nobody else's, reading the same scopes the chat requests wrote."""
+    from tests.test_cli import run
+
+    opening = [{"role": "user", "content": OPENING}]
+    _, grace = chat(proxy, ACME_KEY, opening, user="grace")
+    _, heidi = chat(proxy, ACME_KEY, opening, user="heidi")
+    data = ["--data-dir", str(proxy.config.general_settings.data_dir)]
+    listed_by_cli = run("conversations", *data, "--tenant", "acme", "--user", "grace")
+    assert listed_by_cli.returncode == 0 and grace in listed_by_cli.stdout and heidi not in listed_by_cli.stdout
+    lonely = run("conversations", *data, "--user", "grace")
+    assert lonely.returncode == 2 and "--user needs --tenant" in lonely.stderr
+    purged = run("purge", *data, "--tenant", "acme", "--user", "grace", "--yes")
+    assert purged.returncode == 0, purged.stderr
+    assert listed(proxy, ACME_KEY, user="grace") == [] and listed(proxy, ACME_KEY, user="heidi") == [heidi]
+    assert "grace" not in purged.stderr + purged.stdout  # the audit names scopes by hash, never the user id

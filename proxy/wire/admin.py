@@ -14,7 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.errors import InvalidRequestError, PermissionDeniedError
-from proxy.wire.auth import request_user, user_scope
+from proxy.scopes import user_scope
+from proxy.wire.auth import request_user
 from proxy.wire.http import JSONResponse
 
 if TYPE_CHECKING:

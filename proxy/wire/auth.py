@@ -3,12 +3,10 @@
 With no keys configured the proxy serves one tenant (``default``) and binds to loopback by default.
 Keys are compared in constant time, and no error message ever echoes the key that was presented.
 
-Scopes. Conversations, recall and deletion work within a *scope*: the key's tenant, or, when the request
-names an end user (OpenAI's ``user`` field, or the ``X-LCM-User`` header, which wins), that user within the
-tenant. An app serving many end users through one key thus keeps them apart: two users who open alike get
-two conversations, and neither's recall or admin view reaches the other's. The scope is the tenant's name
-followed by ``/user-`` and a salted hash of the user id (``user_scope``), so the store never keeps the raw id
-and a scope can never be mistaken for a tenant (a tenant's name has no ``/``).
+Scopes (``proxy.scopes``). Conversations, recall and deletion work within the key's tenant or, when the
+request names an end user (OpenAI's ``user`` field, or the ``X-LCM-User`` header, which wins), that user's
+scope within it. Two users who open alike get two conversations, and neither's recall or admin view reaches
+the other's.
 
 Admin keys (``ApiKey.admin``; LiteLLM's ``general_settings.master_key`` becomes one) may name any tenant
 under ``/lcm/`` (``?tenant=``); every other key sees its own tenant only.
@@ -16,7 +14,6 @@ under ``/lcm/`` (``?tenant=``); every other key sees its own tenant only.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 
@@ -33,14 +30,6 @@ USER_HEADER = "x-lcm-user"
 class Caller:
     tenant: str
     admin: bool  # may name other tenants under /lcm/
-
-
-def user_scope(tenant: str, user: str | None) -> str:
-    """The scope of ``user`` within ``tenant`` (the tenant itself when there is no user)."""
-    if not user:
-        return tenant
-    digest = hashlib.sha256(b"lcm-proxy user\x00" + tenant.encode() + b"\x00" + user.encode()).hexdigest()
-    return f"{tenant}/user-{digest[:24]}"
 
 
 def checked_user(value: object, param: str) -> str | None:

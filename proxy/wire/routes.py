@@ -28,11 +28,12 @@ from proxy.engine.recall import clip_to_tokens
 from proxy.errors import InternalError, InvalidRequestError, UpstreamError
 from proxy.rounds import Round
 from proxy.routing import ResolvedModel
+from proxy.scopes import user_scope
 from proxy.summarizer import UpstreamSummarizer
 from proxy.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody, Chunk
 from proxy.upstream_errors import is_context_length_error
-from proxy.wire.auth import request_user, user_scope
+from proxy.wire.auth import request_user
 from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
 from proxy.wire.validation import validate_chat_request

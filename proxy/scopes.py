@@ -1,0 +1,19 @@
+"""Scopes: where a request's conversations live. A tenant (named by its API key), or an end user within it.
+
+An app serving many end users through one key names each (OpenAI's ``user`` field, ``X-LCM-User``, or the
+CLI's ``--user``); that user's conversations, recall and deletion then live in a scope of their own: the
+tenant's name, ``/user-`` and a salted hash of the user id. The store never keeps the raw id, and a scope can
+never be mistaken for a tenant (a tenant's name has no ``/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def user_scope(tenant: str, user: str | None) -> str:
+    """The scope of ``user`` within ``tenant`` (the tenant itself when there is no user)."""
+    if not user:
+        return tenant
+    digest = hashlib.sha256(b"lcm-proxy user\x00" + tenant.encode() + b"\x00" + user.encode()).hexdigest()
+    return f"{tenant}/user-{digest[:24]}"
