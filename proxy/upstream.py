@@ -52,14 +52,12 @@ from proxy.upstream_errors import (
     request_not_sent,
     translate_exception,
 )
-from proxy.upstream_openai import OPENAI_CALLS, unsupported
+from proxy.upstream_openai import OPENAI_CALLS, OWN_CLIENT_CALLS, openai_client, unsupported
 from proxy.upstream_params import (
-    OWN_CLIENT_CALLS,
     PLACEHOLDER_KEY,
     ROUTER_ONLY_PARAMS,
     TRANSLATED_PARAMS,
     call_credentials,
-    no_retries_client,
 )
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
@@ -75,6 +73,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("lcm_proxy.upstream")
+# Finishes an attempt with what LiteLLM returned: (deployment, answer, kwargs, timeout) -> the result.
+Opened = Callable[[ResolvedModel, Any, dict[str, Any], float], Awaitable[Any]] | None
 
 _litellm: Any = None
 
@@ -165,7 +165,6 @@ class Upstream:
         self.balancer = Balancer(settings)  # which deployment of a model first: in-flight counts, cooldowns
         self._windows: dict[str, int | None] = {}
         self._tool_callers: dict[str, bool | None] = {}
-        self._clients: dict[tuple[Any, ...], Any] = {}  # see ``_openai_client``
 
     def context_window(self, model: str) -> int | None:
         """The input-token limit LiteLLM's (bundled, offline) model map knows for ``model``, if any."""
@@ -218,7 +217,7 @@ class Upstream:
         target: ResolvedModel,
         build: Callable[[ResolvedModel], tuple[dict[str, Any], float]],
         function: str = "acompletion",
-        opened: Callable[[ResolvedModel, Any, dict[str, Any], float], Awaitable[Any]] | None = None,
+        opened: Opened = None,
     ) -> Any:
         """Every LiteLLM call happens here: one pass over ``target``'s deployments and fallbacks in the balancer's
         order, each tried once with ``build(deployment)``'s kwargs and timeout; a retryable failure (``switchable``)
@@ -304,18 +303,25 @@ class Upstream:
             params.setdefault("drop_params", True)  # LiteLLM drops what the provider does not support
         return {**params, "timeout": http_timeout, "max_retries": 0, "num_retries": 0}, timeout
 
-    async def call(self, function: str, target: ResolvedModel, arguments: dict[str, Any], stream: bool = False) -> Any:
+    async def call(
+        self,
+        function: str,
+        target: ResolvedModel,
+        arguments: dict[str, Any],
+        stream: bool = False,
+        opened: Opened = None,
+    ) -> Any:
         """A LiteLLM call other than chat (``aembedding``, ``atext_completion``, ``amoderation``...) to ``target``
-        with ``arguments`` (the client's fields), under the same timeouts, retries and error boundary as chat.
-        Returns what LiteLLM returns."""
+        with ``arguments`` (the client's fields), under the same timeouts, retries, fallbacks and error boundary
+        as chat. Returns what LiteLLM returns, or what ``opened`` makes of it (see ``_call``)."""
 
         def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
             kwargs, timeout = self.call_kwargs(candidate, stream)
             if function in OWN_CLIENT_CALLS and _is_passthrough(kwargs):
-                kwargs["client"] = self._openai_client(kwargs)
+                kwargs["client"] = openai_client(kwargs)
             return {**kwargs, **arguments}, timeout
 
-        return await self._call(target, build, function)
+        return await self._call(target, build, function, opened)
 
     async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
         """A call LiteLLM has no function for (``proxy.upstream_openai``), to an OpenAI-compatible provider."""
@@ -324,18 +330,7 @@ class Upstream:
             raise unsupported(what, upstream)
         provider, base = kwargs.get("custom_llm_provider"), kwargs.get("api_base")
         model = self._litellm.get_llm_provider(model=kwargs["model"], custom_llm_provider=provider, api_base=base)[0]
-        return await call(kwargs, model, self._openai_client(kwargs))
-
-    def _openai_client(self, kwargs: dict[str, Any]) -> Any:
-        """An OpenAI client with no retries and the call's timeouts, one per api_base, key and timeout."""
-        timeout: httpx.Timeout = kwargs["timeout"]
-        key = (kwargs.get("api_base"), kwargs.get("api_key"), timeout.read, timeout.connect)
-        if key not in self._clients:
-            self._clients[key] = no_retries_client()(
-                api_key=kwargs.get("api_key") or PLACEHOLDER_KEY, base_url=kwargs.get("api_base"), max_retries=0,
-                timeout=timeout,
-            )  # fmt: skip
-        return self._clients[key]
+        return await call(kwargs, model, openai_client(kwargs))
 
     async def warm_up(self) -> None:
         """Make one failing call, streamed and not, so LiteLLM's lazy imports (~0.3 s, the OpenAI client, its

@@ -4,7 +4,6 @@ the proxy's own key private, and the credentials a call carries (to redact from 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,26 +33,3 @@ def call_credentials(params: Mapping[str, Any]) -> tuple[str, ...]:
     from the environment are added by ``redact_upstream_message`` itself."""
     own = {k: v for k, v in params.items() if k not in TRANSLATED_PARAMS and k not in ("messages", "extra_body")}
     return tuple(v for v in credential_values(own) if v != PLACEHOLDER_KEY)
-
-
-# LiteLLM calls that retry twice whatever ``max_retries`` says (and, for moderations, use a cached client with
-# no timeout): to OpenAI-compatible providers they get a client of the proxy's (``no_retries_client``).
-OWN_CLIENT_CALLS = frozenset({"amoderation", "aimage_generation"})
-
-
-@functools.cache
-def no_retries_client() -> Any:
-    """An OpenAI client class that keeps ``max_retries`` at 0: LiteLLM sets it on a client it is given (to 2
-    for moderations and images, whatever the call said)."""
-    import openai
-
-    class NoRetries(openai.AsyncOpenAI):
-        @property
-        def max_retries(self) -> int:
-            return 0
-
-        @max_retries.setter
-        def max_retries(self, value: int) -> None:
-            pass
-
-    return NoRetries

@@ -460,3 +460,19 @@ def test_litellms_documented_config_serves_and_takes_its_fallback_on_a_503(
     ] * 2
     assert f"trying fallback model gpt-4o: openai/gpt-4o at http://{b}/v1" in log
     assert not any(secret in log for secret in [*SECRETS.values(), MASTER_KEY]), log
+
+
+def test_a_streamed_legacy_completion_fails_over_too(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, second: FakeUpstream, second_url: str
+) -> None:
+    """``/v1/completions`` with ``stream: true``: a 503 before the first chunk moves on to the next deployment,
+    whose stream (its own timeouts and name) the client receives."""
+    models = [deployment("pair", upstream_url, "a-model"), deployment("pair", second_url, "b-model")]
+    proxy = proxy_factory(models=models, routing_strategy="least-busy", cooldown_time=0)
+    fake_upstream.enqueue(Reply(status=503, error_message="busy"))
+    second.enqueue(Reply(content="answered by B"))
+    chunks = client(proxy).completions.create(model="pair", prompt="question", stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "answered by B"
+    assert [r.path for r in fake_upstream.requests] == ["/v1/completions"]
+    assert [r.path for r in second.requests] == ["/v1/completions"]
+    assert not any(balancer(proxy).in_flight.values())  # the stream ended: nothing is left busy

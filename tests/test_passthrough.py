@@ -355,6 +355,13 @@ def test_unreadable_json_is_a_400(
             "extra",
             "takes no file",
         ),
+        (
+            "/images/edits",
+            {"image": ("a.png", PNG), "n": ("b.png", PNG)},
+            {"model": "test-model", "prompt": "x"},
+            "n",
+            "takes no file",
+        ),
     ],
 )
 def test_bad_uploads_are_400s(

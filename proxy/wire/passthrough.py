@@ -130,15 +130,20 @@ async def completions(request: Request) -> Response:
     if not isinstance(options, dict):
         raise invalid("stream_options", f"expected an object, got {kind(options)}.")
     include_usage = bool(options.get("include_usage"))
-    wrapper = await state.upstream.call(COMPLETIONS.function, target, arguments, stream=True)
-    kwargs, timeout = state.upstream.call_kwargs(target, stream=True)
-    chunks = _text_chunks(wrapper, include_usage)
-    stream = UpstreamStream(wrapper, chunks, timeout, call_credentials(kwargs), describe_upstream(target))
-    try:
-        await stream.prime()  # failures before the first chunk are a real HTTP status
-    except BaseException:
-        await stream.aclose()
-        raise
+
+    async def primed(deployment: ResolvedModel, wrapper: Any, kwargs: dict[str, Any], timeout: float) -> Any:
+        """The stream of the deployment that answered, primed: a failure before its first chunk is a real HTTP
+        status, or a move to the next deployment."""
+        chunks = _text_chunks(wrapper, include_usage)
+        stream = UpstreamStream(wrapper, chunks, timeout, call_credentials(kwargs), describe_upstream(deployment))
+        try:
+            await stream.prime()
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
+
+    stream = await state.upstream.call(COMPLETIONS.function, target, arguments, stream=True, opened=primed)
     return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=SSE_HEADERS)
 
 

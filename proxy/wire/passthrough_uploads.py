@@ -87,9 +87,15 @@ async def read_form(request: Request, limit: int, max_files: int) -> dict[str, A
     return fields
 
 
+FILE_FIELDS = ("file", "image", "mask")
+
+
 def no_other_files(arguments: dict[str, Any]) -> None:
     """Uploads go in the fields that take them; LiteLLM would send one anywhere else as garbled text."""
-    for key, value in (arguments.get("extra_body") or {}).items():
+    fields = {**(arguments.get("extra_body") or {}), **{k: v for k, v in arguments.items() if k != "extra_body"}}
+    for key, value in fields.items():
+        if key in FILE_FIELDS:
+            continue
         if isinstance(value, tuple) or (isinstance(value, list) and any(isinstance(v, tuple) for v in value)):
             raise invalid(key, "this field takes no file here.")
 
