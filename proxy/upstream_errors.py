@@ -21,6 +21,7 @@ What reaches the client, and why:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from proxy.errors import (
+    InvalidRequestError,
     ProxyError,
     UpstreamConnectionError,
     UpstreamContextLengthError,
@@ -122,6 +124,24 @@ def _is_connection_failure(exc: BaseException) -> bool:
     )
 
 
+def _failed_before_sending(exc: BaseException) -> bool:
+    """LiteLLM failed on the request's own data before sending anything (an ``AttributeError`` on a field of
+    the wrong type) and reported it as a connection error. Nothing went wrong with the upstream: no other
+    deployment would do better, and no deployment should be blamed for it."""
+    chain = list(walk_causes(exc))
+    transport = any(
+        isinstance(e, httpx.TransportError | OSError) or type(e).__name__ in _AIOHTTP_TRANSPORT for e in chain
+    )
+    decoding = any(isinstance(e, json.JSONDecodeError | UnicodeDecodeError) for e in chain)
+    internal = any(isinstance(e, AttributeError | TypeError | KeyError | ValueError | IndexError) for e in chain)
+    return internal and not transport and not decoding
+
+
+_AIOHTTP_TRANSPORT = frozenset(
+    {"ClientConnectorError", "ClientConnectionError", "ClientOSError", "ServerDisconnectedError"}
+)
+
+
 def is_cut_off(exc: BaseException) -> bool:
     """The connection broke while a response body was being read (reset, incomplete chunked body)."""
     return any(
@@ -192,6 +212,12 @@ def translate_exception(
         return UpstreamTimeoutError(f"{_capital(upstream)} did not respond{limit}.")
     has_response = getattr(exc, "response", None) is not None and getattr(exc, "body", None) is not None
     if not has_response and _is_connection_failure(exc):
+        if _failed_before_sending(exc):
+            return InvalidRequestError(
+                f"The request could not be sent to {upstream}: its fields did not fit the provider's call"
+                f" ({type(list(walk_causes(exc))[-1]).__name__}). Check the types of the optional fields.",
+                code="upstream_request_invalid",
+            )
         return UpstreamConnectionError(f"Could not connect to {upstream}.")
     if status == 500 and not _answered_with_an_error_status(exc):
         return UpstreamError(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -476,3 +477,24 @@ def test_a_streamed_legacy_completion_fails_over_too(
     assert [r.path for r in fake_upstream.requests] == ["/v1/completions"]
     assert [r.path for r in second.requests] == ["/v1/completions"]
     assert not any(balancer(proxy).in_flight.values())  # the stream ended: nothing is left busy
+
+
+def test_a_field_litellm_cannot_send_is_the_clients_400_and_blames_no_deployment(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, second: FakeUpstream, second_url: str
+) -> None:
+    """LiteLLM reports its own failure on a field of the wrong type (``encoding_format: 123``) as a connection
+    error. It is the client's: a 400, no other deployment or fallback tried, no retry, no cooldown."""
+    models = [
+        deployment("pair", upstream_url, "a-model"),
+        deployment("pair", second_url, "b-model"),
+        deployment("backup", second_url, "backup-model"),
+    ]
+    proxy = proxy_factory(
+        models=models, upstream_retries=2, fallbacks=[{"pair": ["backup"]}], allowed_fails=1, cooldown_time=600
+    )
+    body = {"model": "pair", "input": "x", "encoding_format": 123}
+    response = httpx.post(f"{proxy.base_url}/embeddings", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "upstream_request_invalid"
+    assert fake_upstream.requests == [] and second.requests == []
+    assert not balancer(proxy)._cooling_until and not any(balancer(proxy)._failures.values())
