@@ -17,3 +17,11 @@ def user_scope(tenant: str, user: str | None) -> str:
         return tenant
     digest = hashlib.sha256(b"lcm-proxy user\x00" + tenant.encode() + b"\x00" + user.encode()).hexdigest()
     return f"{tenant}/user-{digest[:24]}"
+
+
+def end_users_of(tenant: str | None) -> str | None:
+    """The prefix every end user's scope within ``tenant`` starts with (None for no tenant, or for a scope that
+    is an end user's already): what "everything of a tenant" covers besides the tenant's own scope."""
+    if tenant is None or "/" in tenant:
+        return None
+    return f"{tenant}/user-"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -100,3 +101,58 @@ def test_retention_days_must_be_a_positive_number_of_days() -> None:
     for bad in (0, -1, "soon"):
         with pytest.raises(ConfigError, match="retention_days"):
             parse_config({**base, "lcm_settings": {"retention_days": bad}})
+
+
+def test_a_conversation_continued_after_the_purge_listed_it_is_kept(where: Location) -> None:
+    """A purge lists its candidates, then deletes them one transaction at a time: one that a client continued
+    in between is active again, and is kept (its last activity is read again under its lock)."""
+
+    async def scenario() -> None:
+        engine, store, files, _ = await open_engine(where)
+        idle = await prepare(engine, "t", turns(2, "Idle"))
+        back = await prepare(engine, "t", turns(2, "Back"))
+        for cid in (idle, back):
+            await age(store, cid, 31)
+        deleter = Deleter(store, files)
+        listed = deleter.candidates
+
+        async def listed_then_continued(tenant: str | None, before: float | None, limit: int) -> list[Any]:
+            found = await listed(tenant, before, limit)
+            continued = [*turns(2, "Back"), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+            assert await prepare(engine, "t", continued) == back
+            return found
+
+        deleter.candidates = listed_then_continued  # type: ignore[method-assign]
+        done = await deleter.purge(None, time.time() - 30 * DAY, via="retention")
+        assert [d.id for d in done] == [idle]
+        assert [c.id for c in await store.read.conversations(None)] == [back]
+        assert await check_database(store, files) == []
+        await store.close()
+
+    run(scenario())
+
+
+def test_purging_a_tenant_takes_its_end_users_too(where: Location) -> None:
+    """A privacy request for a whole tenant covers the end users its key served, and nobody else."""
+    from proxy.scopes import user_scope
+
+    async def scenario() -> None:
+        engine, store, files, _ = await open_engine(where)
+        await prepare(engine, "acme", turns(2, "Acme itself"))
+        await prepare(engine, user_scope("acme", "alice"), turns(2, "Alice"))
+        kept = await prepare(engine, "acme-two", turns(2, "Another tenant whose name starts alike"))
+        other_user = await prepare(engine, user_scope("acme-two", "alice"), turns(2, "Alice elsewhere"))
+        done = await Deleter(store, files).purge("acme", None, via="cli")
+        assert len(done) == 2
+        assert {c.id for c in await store.read.conversations(None)} == {kept, other_user}
+        # A user's own scope purges only that user.
+        await prepare(engine, user_scope("acme", "bob"), turns(2, "Bob"))
+        await prepare(engine, user_scope("acme", "carol"), turns(2, "Carol"))
+        assert len(await Deleter(store, files).purge(user_scope("acme", "bob"), None, via="cli")) == 1
+        assert [c.tenant for c in await store.read.conversations(None) if c.tenant.startswith("acme/")] == [
+            user_scope("acme", "carol")
+        ]
+        assert await check_database(store, files) == []
+        await store.close()
+
+    run(scenario())

@@ -99,20 +99,33 @@ class Deleter:
         self.files = files
 
     async def delete(
-        self, tenant: str | None, conversation_id: str, *, via: str, scrub: bool = True, full: bool = False
+        self,
+        tenant: str | None,
+        conversation_id: str,
+        *,
+        via: str,
+        scrub: bool = True,
+        full: bool = False,
+        idle_before: float | None = None,
     ) -> Deleted:
         """Delete one conversation of ``tenant`` (None: the operator's, any tenant) by its id, then scrub the
         store (``full``: rewriting its tables) unless ``scrub`` is False. An unknown id, a conversation of
         another tenant and one deleted already are all ``NotFound``. Shielded: a caller that goes away (a
-        client hanging up) does not leave the payloads or the scrub of a committed deletion undone."""
-        return await asyncio.shield(self._delete(tenant, conversation_id, via, scrub, full))
+        client hanging up) does not leave the payloads or the scrub of a committed deletion undone.
+        ``idle_before`` (a purge): only if its last activity, read under its lock, is still before that time (a
+        client may have continued it since the purge listed it); else ``NotFound`` too."""
+        return await asyncio.shield(self._delete(tenant, conversation_id, via, scrub, full, idle_before))
 
-    async def _delete(self, tenant: str | None, conversation_id: str, via: str, scrub: bool, full: bool) -> Deleted:
+    async def _delete(
+        self, tenant: str | None, conversation_id: str, via: str, scrub: bool, full: bool, idle_before: float | None
+    ) -> Deleted:
         async with self.store.write() as tx:
             await tx.lock_conversation(conversation_id)
             record = await tx.conversation(tenant, conversation_id)
             if record is None:
                 raise NotFound(f"no conversation {conversation_id}")
+            if idle_before is not None and record.updated_at >= idle_before:
+                raise NotFound(f"conversation {conversation_id} is in use again")
             removed, forks = await self._remove(tx, record)
         if removed.paths:
             async with self.store.write() as tx:
@@ -196,9 +209,9 @@ class Deleter:
                     break
                 tried.add(record.id)
                 try:
-                    done.append(await self.delete(record.tenant, record.id, via=via, scrub=False))
+                    done.append(await self.delete(record.tenant, record.id, via=via, scrub=False, idle_before=before))
                 except NotFound:
-                    continue  # deleted meanwhile (another worker's retention pass, an API call)
+                    continue  # deleted meanwhile (another worker's retention pass, an API call), or in use again
         if done or full:
             await self.scrub(full=full)
         return done

@@ -173,8 +173,9 @@ class Searches(Protocol):
     async def idle_conversations(
         self, before: float | None, tenant: str | None, limit: int
     ) -> list[ConversationRecord]:
-        """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``tenant`` (None:
-        every tenant), oldest first: what a purge deletes."""
+        """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``tenant`` and its
+        end users' scopes (``proxy.scopes.end_users_of``; None: every tenant), oldest first: what a purge
+        deletes."""
         ...
 
 

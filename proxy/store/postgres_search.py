@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from proxy.scopes import end_users_of
 from proxy.store.base import Bounds, Hit, Phrase
 from proxy.store.postgres_reads import CONV_COLUMNS, SUM_COLUMNS, PostgresReads, prefixed, translated
 from proxy.store.postgres_words import term_queries
@@ -176,8 +177,9 @@ class PostgresSearches(PostgresReads):
     ) -> list[ConversationRecord]:
         rows = await self._search_all(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE deleted_at IS NULL"
-            " AND (%s::float8 IS NULL OR updated_at < %s) AND (%s::text IS NULL OR tenant = %s)"
+            " AND (%s::float8 IS NULL OR updated_at < %s)"
+            " AND (%s::text IS NULL OR tenant = %s OR left(tenant, length(%s::text)) = %s::text)"
             " ORDER BY updated_at, id LIMIT %s",
-            (before, before, tenant, tenant, limit),
+            (before, before, tenant, tenant, end_users_of(tenant), end_users_of(tenant), limit),
         )
         return [ConversationRecord(*r) for r in rows]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.scopes import end_users_of
 from proxy.store.base import Bounds, Hit, Phrase
 from proxy.store.records import ConversationRecord, SummaryRecord
 from proxy.store.sqlite_reads import CONV_COLUMNS, SUM_COLUMNS, Queries
@@ -120,7 +121,7 @@ class SQLiteSearches(Queries):
     ) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE deleted_at IS NULL AND (?1 IS NULL OR updated_at < ?1)"
-            " AND (?2 IS NULL OR tenant = ?2) ORDER BY updated_at, id LIMIT ?3",
-            (before, tenant, limit),
+            " AND (?2 IS NULL OR tenant = ?2 OR substr(tenant, 1, length(?4)) = ?4) ORDER BY updated_at, id LIMIT ?3",
+            (before, tenant, limit, end_users_of(tenant)),
         )
         return [ConversationRecord(*r) for r in rows]
