@@ -39,6 +39,10 @@ def chat(proxy: RunningProxy, key: str, messages: list[dict[str, Any]], **extra:
     return str(raw.parse().choices[0].message.content), raw.headers["x-lcm-conversation-id"]
 
 
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
 def admin(proxy: RunningProxy, key: str, path: str, **params: str) -> httpx.Response:
     return httpx.get(f"{proxy.url}{path}", params=params, headers={"authorization": f"Bearer {key}"}, timeout=30)
 
@@ -122,6 +126,13 @@ def test_only_the_admin_key_names_another_tenant(proxy: RunningProxy) -> None:
     assert listed(proxy, ACME_KEY, tenant="acme") == [acme]
     bad = admin(proxy, MASTER_KEY, "/lcm/conversations", tenant="../acme")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tenant"
+    # Deleting follows the same rule: another tenant's key is refused, the master key names the scope.
+    url = f"{proxy.url}/lcm/conversations/{frank}"
+    refused = httpx.delete(url, params={"tenant": "acme", "user": "frank"}, headers=bearer(OTHER_KEY), timeout=30)
+    assert refused.status_code == 403 and listed(proxy, ACME_KEY, user="frank") == [frank]
+    assert httpx.delete(url, params={"tenant": "acme"}, headers=bearer(MASTER_KEY), timeout=30).status_code == 404
+    deleted = httpx.delete(url, params={"tenant": "acme", "user": "frank"}, headers=bearer(MASTER_KEY), timeout=30)
+    assert deleted.status_code == 200 and listed(proxy, ACME_KEY, user="frank") == []
     # The master key is also a chat key, of a tenant of its own.
     _, master = chat(proxy, MASTER_KEY, opening)
     assert master not in (acme, frank) and listed(proxy, MASTER_KEY) == [master]
