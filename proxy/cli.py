@@ -71,7 +71,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.config}: OK" + (f" ({len(config.warnings)} warning(s))" if config.warnings else ""))
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
-    print(f"  auth:    {len(settings.api_keys)} API key(s)" if settings.api_keys else "  auth:    off (single tenant)")
+    admins = sum(k.admin for k in settings.api_keys)
+    keys = f"{len(settings.api_keys)} API key(s)" + (
+        f", {admins} admin (may name tenants under /lcm/)" if admins else ""
+    )
+    print(f"  auth:    {keys}" if settings.api_keys else "  auth:    off (single tenant)")
     print(f"  data:    {settings.location().describe()}")
     for line in model_report(config):
         print(line)
