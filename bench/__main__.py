@@ -11,18 +11,19 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, fidelity, ingest, load, overhead, store
+from bench import compaction, delete, fidelity, ingest, load, overhead, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
     "store": store.main,
+    "delete": delete.main,
     "compaction": compaction.main,
     "overhead": overhead.main,
     "load": load.main,
     "fidelity": fidelity.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"fidelity", "load", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "load", "store"}
 
 
 def main() -> None:

@@ -39,3 +39,21 @@ def test_overhead_benchmark_prints_its_tables() -> None:
     } <= first_cells
     # LiteLLM's own proxy runs only when its virtualenv already exists (--quick never creates it).
     assert "LiteLLM proxy" in first_cells or "LiteLLM proxy skipped" in out.stdout
+
+
+def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "delete", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert "## delete:" in out.stdout
+    rows = [
+        line.strip("|").split("|") for line in out.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()
+    ]
+    assert [(row[0].strip(), row[2].strip()) for row in rows] == [
+        ("500", "SQLite"),
+        ("500", "PostgreSQL"),
+        ("2000", "SQLite"),
+        ("2000", "PostgreSQL"),
+    ]
+    assert all(float(cell) > 0 for row in rows for cell in row[3:])
