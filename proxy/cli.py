@@ -21,7 +21,7 @@ from proxy.config import Needed, ProxyConfig, load_config
 from proxy.errors import ConfigError
 from proxy.logs import configure_serving_logs
 from proxy.scopes import user_scope
-from proxy.store import Location, is_postgres_url
+from proxy.store import Location, is_postgres_url, missing_postgres_driver
 
 DEFAULT_CONFIG = "config/proxy.yaml"
 log = logging.getLogger("lcm_proxy")
@@ -60,15 +60,38 @@ def _compact_keys(path: str) -> bool:
     return path.startswith(("general_settings", "lcm_settings")) and not proxy_keys
 
 
+def _driver_missing(location: Location, where: str = "general_settings.database_url") -> bool:
+    """A PostgreSQL store without its driver (an optional extra): said, naming the extra, instead of a traceback."""
+    problem = missing_postgres_driver() if location.database_url is not None else None
+    if problem is not None:
+        print(f"lcm-proxy: {where}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
+def _litellm_tables_warning(location: Location) -> str | None:
+    """Whether the PostgreSQL store is LiteLLM proxy's own database, by its tables (when it can be reached)."""
+    if location.database_url is None:
+        return None
+    from proxy.config_compat import litellm_tables_warning
+    from proxy.store.postgres import litellm_tables
+
+    tables = litellm_tables(location.database_url)
+    return litellm_tables_warning(location.describe(), tables) if tables else None
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    if config is None:
+    if config is None or _driver_missing(config.general_settings.location()):
         return 1
     from proxy.config_report import model_report
 
     settings = config.general_settings
+    warnings = config.warnings
+    found = _litellm_tables_warning(settings.location())
+    if found is not None:
+        warnings.append(found)
     names = ", ".join(d.model_name for d in config.model_list)
-    print(f"{args.config}: OK" + (f" ({len(config.warnings)} warning(s))" if config.warnings else ""))
+    print(f"{args.config}: OK" + (f" ({len(warnings)} warning(s))" if warnings else ""))
     print(f"  models:  {names}")
     print(f"  listen:  {settings.bind_host()}:{settings.port}")
     admins = sum(k.admin for k in settings.api_keys)
@@ -79,19 +102,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"  data:    {settings.location().describe()}")
     for line in model_report(config):
         print(line)
-    for warning in config.warnings:
+    for warning in warnings:
         print(f"lcm-proxy: warning: {warning}", file=sys.stderr)
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    if config is None:
+    if config is None or _driver_missing(config.general_settings.location()):
         return 1
     settings = config.general_settings
     # Whatever the level, no library logs content, and no line shows a configured credential.
     configure_serving_logs(config)
-    for warning in config.warnings:  # here, once: worker processes load the config again but do not repeat them
+    found = _litellm_tables_warning(settings.location())
+    for warning in config.warnings + ([found] if found else []):  # here, once: workers do not repeat them
         log.warning("config: %s", warning)
     host = args.host or settings.bind_host()
     port = settings.port if args.port is None else args.port
@@ -122,9 +146,11 @@ def _operator_setup(args: argparse.Namespace) -> tuple[Location, ProxyConfig | N
             print("lcm-proxy: --database-url: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE", file=sys.stderr)
             return None
         data_dir = Path(args.data_dir).expanduser() if args.data_dir else Path(".")
-        return Location(data_dir, args.database_url or None), config
+        location = Location(data_dir, args.database_url or None)
+        return None if _driver_missing(location, "--database-url") else (location, config)
     assert config is not None
-    return config.general_settings.location(), config
+    location = config.general_settings.location()
+    return None if _driver_missing(location) else (location, config)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

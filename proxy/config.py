@@ -22,7 +22,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from proxy.config_compat import adapt_litellm_config, map_general_settings, model_list_warnings, unused_environment
+from proxy.config_compat import (
+    adapt_litellm_config,
+    litellm_database_warnings,
+    map_general_settings,
+    model_list_warnings,
+    short_key_warnings,
+    unused_environment,
+)
 from proxy.errors import ConfigError
 from proxy.store import Location
 
@@ -79,7 +86,8 @@ class ModelDeployment(_Strict):
 class ApiKey(_Strict):
     """A proxy API key and the tenant it belongs to. Tenants never see each other's conversations."""
 
-    key: str = Field(min_length=8)
+    # Any length, as LiteLLM takes any master_key (its docs use sk-1234); one shorter than SHORT_KEY is a warning.
+    key: str = Field(min_length=1)
     tenant: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
     # An admin key (``general_settings.master_key`` is one) may also read and delete other tenants' data
     # under ``/lcm/`` by naming them (``?tenant=``); any other key only ever sees its own tenant.
@@ -343,7 +351,9 @@ def parse_config(raw: Any, source: str = "<config>", needed: Needed | None = Non
     resolver = _Resolver(adapted.environment, needed)
     resolved = resolver(adapted.raw)
     problems = resolver.missing + adapted.errors
+    master = None
     if isinstance(resolved.get("general_settings"), dict):
+        master = resolved["general_settings"].get("master_key")
         resolved["general_settings"] = map_general_settings(resolved["general_settings"], problems)
     try:
         config = ProxyConfig.model_validate(resolved)
@@ -367,6 +377,8 @@ def parse_config(raw: Any, source: str = "<config>", needed: Needed | None = Non
         adapted.warnings
         + unused_environment(adapted.environment, resolver.referenced)
         + model_list_warnings(config.model_list)
+        + short_key_warnings([k.key for k in config.general_settings.api_keys], master)
+        + litellm_database_warnings(config.general_settings.database_url)
     )
     return config
 

@@ -15,6 +15,7 @@ matters (``api_bse``, ``max_input_token``) is a warning, not an error.
 from __future__ import annotations
 
 import difflib
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,14 @@ DB_FILE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 # Mapped after ``os.environ/`` references are resolved, so these may be references too.
 MAPPED_GENERAL = ("master_key", "database_url")
 MAX_UPSTREAM_RETRIES = 10  # general_settings.upstream_retries' range is 0..this
+SHORT_KEY = 8  # a proxy key shorter than this is accepted (LiteLLM's docs use sk-1234) with a warning
+# The database LiteLLM proxy's docs and docker-compose name for its own tables (DATABASE_URL .../litellm).
+LITELLM_DATABASE_NAME = "litellm"
+OWN_DATABASE = (
+    "lcm-proxy keeps its conversations in this database too (its own tables, in schema lcm, beside LiteLLM's,"
+    " which it never touches); a database of its own (e.g. CREATE DATABASE lcm_proxy) keeps their backups,"
+    " access and load apart"
+)
 
 
 @dataclass
@@ -157,6 +166,41 @@ def map_general_settings(general: dict[str, Any], errors: list[str]) -> dict[str
                 errors.append("general_settings.database_url: names another place than general_settings.data_dir")
             general["data_dir"] = str(data_dir)
     return general
+
+
+def short_key_warnings(keys: Sequence[str], master: Any) -> list[str]:
+    """A warning for each proxy key shorter than ``SHORT_KEY``, naming where it was written but not the key."""
+    return [
+        f"{'general_settings.master_key' if key == master else f'general_settings.api_keys[{index}].key'}:"
+        f" {len(key)} characters; a short key is easy to guess: use a long random one (e.g. openssl rand -hex 24)"
+        " on a proxy that others can reach"
+        for index, key in enumerate(keys)
+        if len(key) < SHORT_KEY
+    ]
+
+
+def litellm_database_warnings(url: str | None) -> list[str]:
+    """A PostgreSQL ``database_url`` pasted from a LiteLLM proxy config names LiteLLM's own database: said when
+    its name is LiteLLM's (``check-config`` and ``serve`` also look for LiteLLM's tables when they can connect,
+    ``proxy.store.postgres.litellm_tables``)."""
+    if url is None:
+        return []
+    name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.lstrip("/"))
+    if name.lower() != LITELLM_DATABASE_NAME:
+        return []
+    return [
+        f"general_settings.database_url: the database is named {name!r}, as LiteLLM proxy's own database is in"
+        f" its docs: if it is LiteLLM proxy's own database, {OWN_DATABASE}"
+    ]
+
+
+def litellm_tables_warning(where: str, tables: Sequence[str]) -> str:
+    """``where`` (a URL without its password) holds LiteLLM proxy's tables: it is LiteLLM's own database."""
+    shown = ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else "")
+    return (
+        f"general_settings.database_url: {where} holds LiteLLM proxy's tables ({len(tables)}: {shown}): it is"
+        f" LiteLLM proxy's own database; {OWN_DATABASE}"
+    )
 
 
 def _as_admin(entry: Any, master: str) -> Any:

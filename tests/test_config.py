@@ -146,7 +146,7 @@ MINIMAL = {"model_list": [{"model_name": "m", "litellm_params": {"model": "opena
         ({"lcm_settings": {"fresh_tail_count": "many"}}, "lcm_settings.fresh_tail_count: Input should be a valid integer"),
         ({"lcm_settings": {"retrieval_tools": "sometimes"}}, "lcm_settings.retrieval_tools: Input should be 'auto', 'always' or 'off'"),
         ({"general_settings": {"port": 70000}}, "general_settings.port: Input should be less than or equal to 65535"),
-        ({"general_settings": {"api_keys": [{"key": "short", "tenant": "a"}]}}, "general_settings.api_keys[0].key: String should have at least 8 characters"),
+        ({"general_settings": {"api_keys": [{"key": "", "tenant": "a"}]}}, "general_settings.api_keys[0].key: String should have at least 1 character"),
         ({"general_settings": {"api_keys": [{"key": "longenough1", "tenant": "bad tenant"}]}}, "general_settings.api_keys[0].tenant: String should match pattern"),
         ({"model_list": []}, "model_list: List should have at least 1 item"),
         ({"model_list": [{"model_name": "m"}]}, "model_list[0].litellm_params: required key is missing"),

@@ -7,6 +7,7 @@ postgresql://...`` selects PostgreSQL, which several replicas share. The engine 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,19 @@ if TYPE_CHECKING:
     from proxy.store.base import Blobs, Store
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+POSTGRES_EXTRA = "pip install 'lcm-proxy[postgres]'"
+POSTGRES_DRIVER = ("psycopg", "psycopg_pool")  # the [postgres] extra's modules
+
+
+def missing_postgres_driver() -> str | None:
+    """What to say when the PostgreSQL store's driver is not installed (it is an optional extra), else None.
+    Asked before a PostgreSQL store is used, so that the message names the extra instead of a traceback."""
+    for name in POSTGRES_DRIVER:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return f"the PostgreSQL store needs the psycopg driver, which is not installed: {POSTGRES_EXTRA}"
+    return None
 
 
 def is_postgres_url(url: str) -> bool:

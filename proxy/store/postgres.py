@@ -34,6 +34,24 @@ LOCK_TIMEOUT_MS = 10_000  # a write transaction waiting longer for a conversatio
 IDLE_TIMEOUT_MS = 60_000  # a transaction idle this long (its replica froze) is ended by the server
 
 
+# The tables LiteLLM proxy's prisma schema creates are all named LiteLLM_* (LiteLLM_VerificationToken,
+# LiteLLM_SpendLogs...), in the schema its URL names (public by default).
+LITELLM_TABLES = (
+    "SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'LiteLLM\\_%' ORDER BY c.relname"
+)
+LITELLM_CONNECT_SECONDS = 3  # check-config and serve's startup look once; an unreachable server is not theirs to report
+
+
+def litellm_tables(url: str) -> list[str] | None:
+    """The LiteLLM proxy tables in the database at ``url`` (it is LiteLLM's own database then), or None when
+    it cannot be reached (``serve`` reports that when it opens the store)."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=LITELLM_CONNECT_SECONDS) as conn:
+            return [str(row[0]) for row in conn.execute(LITELLM_TABLES).fetchall()]
+    except psycopg.Error:
+        return None
+
+
 def redacted(url: str) -> str:
     """``url`` without its password, for logs and messages."""
     try:
