@@ -174,13 +174,23 @@ async def chat_completions(request: Request) -> Response:
                     headers[CONVERSATION_HEADER] = error.conversation_id
                 raise
             if started.compacting is not None and body.get("stream") and started.request is not None:
-                # A streamed request gets its headers at once, and keep-alive comments while it waits.
-                headers[CONVERSATION_HEADER] = started.request.conversation.id
-                headers["x-lcm-compaction"] = "inline"
-                return StreamingResponse(
-                    _after_compaction(call, started), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-                )
-            prepared = await started.finish()
+                # A streamed request waits a moment for its inline compaction, so that a short one still sends
+                # every header; past that it gets the headers known now, keep-alive comments while it waits, and
+                # the final figures in an SSE comment before its first chunk (``_after_compaction``).
+                finishing = asyncio.ensure_future(started.finish())
+                finishing.add_done_callback(_retrieved)  # a body never iterated does not leave its error unread
+                if not await _finished_within(finishing, STREAM_HEADER_GRACE_SECONDS):
+                    headers[CONVERSATION_HEADER] = started.request.conversation.id
+                    headers["x-lcm-tokens-sent"] = str(started.request.ingested.tokens_sent)
+                    headers["x-lcm-compaction"] = "inline"
+                    return StreamingResponse(
+                        _after_compaction(call, finishing),
+                        media_type="text/event-stream",
+                        headers={**SSE_HEADERS, **headers},
+                    )
+                prepared = finishing.result()
+            else:
+                prepared = await started.finish()
             _prepared_headers(prepared, headers)
         try:
             return await _forward(call, prepared, headers)
@@ -222,12 +232,39 @@ async def _compacted_retry(call: _Call, prepared: Prepared | None, error: Upstre
 
 
 KEEPALIVE_SECONDS = 5.0
+# How long a streamed request waits for its inline compaction before sending its headers: a compaction done by
+# then sends every X-LCM header; a longer one sends its figures in an SSE comment (``figures_comment``).
+STREAM_HEADER_GRACE_SECONDS = 1.0
 
 
-async def _after_compaction(call: _Call, started: Preparation) -> AsyncIterator[bytes]:
+async def _finished_within(task: asyncio.Future[Prepared], seconds: float) -> bool:
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()  # the compaction itself goes on in the background
+        raise
+    return bool(done)
+
+
+def _retrieved(task: asyncio.Future[Prepared]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def figures_comment(prepared: Prepared) -> bytes:
+    """The X-LCM figures a stream's headers could not carry (they went out before its inline compaction was
+    done), as one SSE comment block: a ``: name: value`` line each, which SSE clients (the OpenAI SDKs among
+    them) ignore."""
+    figures: dict[str, str] = {}
+    _prepared_headers(prepared, figures)
+    return "".join(f": {name}: {value}\n" for name, value in figures.items()).encode() + b"\n"
+
+
+async def _after_compaction(call: _Call, finishing: asyncio.Future[Prepared]) -> AsyncIterator[bytes]:
     """The body of a streamed response whose headers went out before its inline compaction finished: SSE
-    comments (ignored by clients) until the context is assembled, then the upstream's stream."""
-    finishing = asyncio.ensure_future(started.finish())
+    comments (ignored by clients) until the context is assembled, then the final figures (``figures_comment``),
+    then the upstream's stream."""
+    prepared: Prepared | None = None
     try:
         while not (await asyncio.wait({finishing}, timeout=KEEPALIVE_SECONDS))[0]:
             yield b": lcm-proxy is compacting this conversation\n\n"
@@ -241,11 +278,15 @@ async def _after_compaction(call: _Call, started: Preparation) -> AsyncIterator[
             prepared = retry
             response = await _forward(call, prepared, {})
         assert isinstance(response, StreamingResponse)
+        told, prepared = prepared, None
+        yield figures_comment(told)
         async for chunk in response.body_iterator:
             yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
         if response.background is not None:
             await response.background()  # a deferred sweep resumes in the background
     except REPORTED as error:
+        if prepared is not None:  # as a non-streamed error response's headers carry them
+            yield figures_comment(prepared)
         yield sse_event(to_proxy_error(error).to_json())
     except asyncio.CancelledError:
         raise
