@@ -99,7 +99,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f", {admins} admin (may name tenants under /lcm/)" if admins else ""
     )
     print(f"  auth:    {keys}" if settings.api_keys else "  auth:    off (single tenant)")
-    print(f"  data:    {settings.location().describe()}")
+    location = settings.location()
+    schema = " (lcm-proxy's tables in schema lcm)" if location.kind == "postgresql" else ""
+    print(f"  data:    {location.describe()}{schema}")
     for line in model_report(config):
         print(line)
     for warning in warnings:

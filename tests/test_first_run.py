@@ -116,7 +116,7 @@ def test_a_database_named_litellm_is_said_to_be_litellms_in_check_config_and_at_
     )
     assert cli.main(["check-config", str(path)]) == 0
     out, err = capsys.readouterr()
-    assert "data:    postgresql://llmproxy@127.0.0.1:9/litellm" in out
+    assert "data:    postgresql://llmproxy@127.0.0.1:9/litellm (lcm-proxy's tables in schema lcm)" in out
     warning = next(line for line in err.splitlines() if "database_url" in line)
     assert "LiteLLM proxy's own database" in warning and "schema lcm" in warning
     assert "CREATE DATABASE lcm_proxy" in warning and ":pw@" not in err
