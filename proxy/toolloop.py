@@ -227,6 +227,7 @@ class RecallLoop:
                 finish = held or finish
                 if now is not None:
                     yield now
+            answer.end()  # a call without a name ends the stream as upstream_bad_stream, never relayed
             _add_usage(usage, answer.usage)
             calls = answer.calls
             recall = [i for i, c in enumerate(calls) if _is_recall(c, client_names)]
