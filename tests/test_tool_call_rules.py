@@ -131,7 +131,11 @@ ONE_CALL = {
     # MiniMax through NVIDIA NIM: the id and the whole name again on every delta.
     "name_on_every_delta": [piece("r1", "lcm_grep", '{"pattern":'), piece("r1", "lcm_grep", ' "launch"}')],
     # LM Studio: the name once, then every fragment of the arguments under a fresh id and no name.
-    "fresh_id_per_fragment": [piece("r1", "lcm_grep", ""), piece("f2", None, '{"pattern":'), piece("f3", None, ' "launch"}')],
+    "fresh_id_per_fragment": [
+        piece("r1", "lcm_grep", ""),
+        piece("f2", None, '{"pattern":'),
+        piece("f3", None, ' "launch"}'),
+    ],
 }
 
 
