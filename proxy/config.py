@@ -133,6 +133,20 @@ class GeneralSettings(_Strict):
     # CORS is off and no response carries a CORS header (``proxy.wire.cors``).
     cors_allow_origins: list[str] = []
 
+    @field_validator("model_group_alias", mode="before")
+    @classmethod
+    def _aliases(cls, aliases: Any) -> Any:
+        """A bad entry, named: the union's own errors would name its member types (".str", ".ModelGroupAlias")."""
+        for alias, target in aliases.items() if isinstance(aliases, dict) else ():
+            long_form = (
+                isinstance(target, dict) and isinstance(target.get("model"), str) and set(target) <= {"model", "hidden"}
+            )
+            if not (isinstance(target, str) or (long_form and isinstance(target.get("hidden", False), bool))):
+                raise ValueError(
+                    f"entry {alias!r}: expected a model_name, or {{model: MODEL_NAME, hidden: true|false}}"
+                )
+        return aliases
+
     @field_validator("cors_allow_origins")
     @classmethod
     def _origins(cls, origins: list[str]) -> list[str]:

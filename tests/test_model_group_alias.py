@@ -102,8 +102,8 @@ def test_fallbacks_of_an_alias_are_its_own_else_its_targets(tmp_path: Path, upst
     ("aliases", "expected"),
     [
         ('{"gpt-5": "gpt-5-turbo"}', "router_settings.model_group_alias.gpt-5: 'gpt-5-turbo' is not a model_name"),
-        ('{"gpt-5": {"hidden": true}}', "router_settings.model_group_alias.gpt-5"),
-        ('{"gpt-5": {"model": "gpt-4o", "hiden": true}}', "router_settings.model_group_alias.gpt-5"),
+        ('{"gpt-5": {"hidden": true}}', "router_settings.model_group_alias: entry 'gpt-5': expected a model_name"),
+        ('{"gpt-5": {"model": "gpt-4o", "hiden": true}}', "router_settings.model_group_alias: entry 'gpt-5'"),
         ('["gpt-4o"]', "router_settings.model_group_alias: Input should be a valid dictionary"),
     ],
 )
