@@ -157,3 +157,38 @@ def test_one_call_streamed_in_pieces_runs_once(proxy_factory: Any, fake_upstream
     ]
     assert result["role"] == "tool" and result["tool_call_id"] == "r1"
     assert result["content"].startswith("No matches for 'launch'")  # lcm_grep ran, with the whole arguments
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+@pytest.mark.parametrize("name", ["lcm_greplcm_describe", "lcm_search"])
+def test_a_call_to_an_lcm_name_never_reaches_the_client(
+    proxy_factory: Any, fake_upstream: FakeUpstream, stream: bool, name: str
+) -> None:
+    """A recall call garbled by a provider's stream shape, or a recall tool the model made up, was relayed to the
+    client as a call to a tool it never offered. The proxy answers it (an error naming the tool) and goes on."""
+    recall = proxy_factory(lcm={"retrieval_tools": "always"})
+    call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    fake_upstream.enqueue(Reply(content=None, tool_calls=[call]), Reply(content="Answered from memory."))
+    response, events = ask(recall, stream)
+    assert response.status_code == 200, response.text
+    if stream:
+        assert not any(e["choices"][0]["delta"].get("tool_calls") for e in events[:-1])
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "Answered from memory."
+    else:
+        message = response.json()["choices"][0]["message"]
+        assert "tool_calls" not in message and message["content"] == "Answered from memory."
+    assert len(fake_upstream.requests) == 2
+    result = fake_upstream.requests[1].body["messages"][-1]
+    assert (result["role"], result["tool_call_id"], result["content"]) == (
+        "tool",
+        "call_1",
+        f"Error: unknown tool {name}",
+    )
+
+
+def test_every_recall_tool_is_an_lcm_name() -> None:
+    """The loop keeps every ``lcm_`` call from the client: a recall tool named otherwise would reach it."""
+    from proxy.engine.recall import RECALL_TOOL_NAMES
+    from proxy.toolloop import RECALL_PREFIX
+
+    assert RECALL_TOOL_NAMES and all(name.startswith(RECALL_PREFIX) for name in RECALL_TOOL_NAMES)
