@@ -153,7 +153,9 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
     freeze its startup heap; tests that build many apps in one process leave it off."""
     state = AppState(
         config=config,
-        router=ModelRouter(config.model_list, config.general_settings.fallbacks),
+        router=ModelRouter(
+            config.model_list, config.general_settings.fallbacks, config.general_settings.model_group_alias
+        ),
         auth=Authenticator(config.general_settings.api_keys),
     )
 

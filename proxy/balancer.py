@@ -11,7 +11,8 @@ fallback models, forms a chain (``ResolvedModel.chain``). ``Upstream._call`` wal
 
 The deployments of the model come before those of its first fallback model, and so on. A deployment that
 failed ``allowed_fails`` times in a row (a retryable failure, see ``switchable``) cools down: it is left out
-for ``cooldown_time`` seconds, unless every deployment of the chain is cooling down.
+for ``cooldown_time`` seconds, unless every deployment of the chain is cooling down. A deployment that answers
+(tried while every one was cooling down) leaves its cooldown at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from proxy.config import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.routing import ResolvedModel, Tier, deployment_of
-from proxy.upstream_errors import is_context_length_error
+from proxy.upstream_errors import DEFAULT_UPSTREAM, describe_upstream, is_context_length_error
 
 log = logging.getLogger("lcm_proxy.upstream")
 
@@ -111,7 +112,10 @@ class Balancer:
         return end
 
     def succeeded(self, target: ResolvedModel) -> None:
+        """``target`` answered: its failures in a row start again from none, and a cooldown it was in (tried
+        because every deployment of the chain was cooling down) is over, so the next call tries it first."""
         self._failures.pop(_key(target), None)
+        self._cooling_until.pop(_key(target), None)
 
     def failed(self, target: ResolvedModel) -> None:
         """A retryable failure of ``target``: the ``allowed_fails``-th in a row starts its cooldown."""
@@ -140,3 +144,29 @@ def switch_line(failed: ResolvedModel, error: UpstreamError, following: Resolved
         f"model {failed.alias}: {deployment_of(failed)} failed before the first byte ({error.status}{code});"
         f" trying {then}{deployment_of(following)}"
     )
+
+
+def _quoted(names: list[str]) -> str:
+    quoted = [f"'{n}'" for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def exhausted(target: ResolvedModel, chain: list[ResolvedModel], error: UpstreamError) -> UpstreamError:
+    """The error the client gets when a whole pass over ``chain`` failed: the last failure (its status, type
+    and code, so a 429 stays a 429), worded for the model the client asked for when fallback models were
+    tried too, else it would name only the last of them. Never with an ``api_base``: the client has no use
+    for the proxy's internal addresses (the log lines name them)."""
+    fallbacks = list(dict.fromkeys(c.alias for c in chain if c.alias != target.alias))
+    if not fallbacks:
+        return error
+    message = error.message
+    for candidate in chain:
+        message = message.replace(describe_upstream(candidate), f"{DEFAULT_UPSTREAM} for model '{candidate.alias}'")
+    plural = "s" if len(fallbacks) > 1 else ""
+    # Reworded in place: every other attribute of the last failure (status, code, a Retry-After) stays.
+    error.message = (
+        f"Model '{target.alias}' failed, and so did its fallback{plural} {_quoted(fallbacks)}."
+        f" The last error, from '{chain[-1].alias}': {message}"
+    )
+    error.args = (error.message,)
+    return error

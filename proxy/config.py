@@ -99,6 +99,13 @@ def tenant_for_bare_key(key: str) -> str:
     return "key-" + hashlib.sha256(b"lcm-proxy tenant\x00" + key.encode()).hexdigest()[:12]
 
 
+class ModelGroupAlias(_Strict):
+    """LiteLLM's long form of a ``model_group_alias`` entry: its target, and whether ``/v1/models`` hides it."""
+
+    model: str
+    hidden: bool = False
+
+
 class GeneralSettings(_Strict):
     # None means "127.0.0.1 unless API keys are configured, then 0.0.0.0" (see ``bind_host``).
     host: str | None = None
@@ -121,6 +128,8 @@ class GeneralSettings(_Strict):
     # one model_name) goes first, and the models tried when all of them failed before the first byte.
     routing_strategy: Literal["simple-shuffle", "least-busy"] = "simple-shuffle"
     fallbacks: list[dict[str, list[str]]] = []  # LiteLLM's shape: [{"gpt-4o": ["gpt-4o-mini"]}]
+    # Other names for a model group: {"gpt-4": "gpt-4o"} or {"gpt-4": {"model": "gpt-4o", "hidden": true}}.
+    model_group_alias: dict[str, str | ModelGroupAlias] = {}
     allowed_fails: int = Field(default=3, ge=1)  # failures in a row before a deployment cools down
     cooldown_time: float = Field(default=5.0, ge=0)  # seconds it is skipped then (0: never)
     # LiteLLM's drop_params: parameters a provider does not support are dropped by LiteLLM, not refused.
@@ -131,6 +140,20 @@ class GeneralSettings(_Strict):
     # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:
     # CORS is off and no response carries a CORS header (``proxy.wire.cors``).
     cors_allow_origins: list[str] = []
+
+    @field_validator("model_group_alias", mode="before")
+    @classmethod
+    def _aliases(cls, aliases: Any) -> Any:
+        """A bad entry, named: the union's own errors would name its member types (".str", ".ModelGroupAlias")."""
+        for alias, target in aliases.items() if isinstance(aliases, dict) else ():
+            long_form = (
+                isinstance(target, dict) and isinstance(target.get("model"), str) and set(target) <= {"model", "hidden"}
+            )
+            if not (isinstance(target, str) or (long_form and isinstance(target.get("hidden", False), bool))):
+                raise ValueError(
+                    f"entry {alias!r}: expected a model_name, or {{model: MODEL_NAME, hidden: true|false}}"
+                )
+        return aliases
 
     @field_validator("cors_allow_origins")
     @classmethod

@@ -44,7 +44,8 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
     message limit)."""
     lookup = windows or _LiteLLMWindows(config)
     lcm = config.lcm_settings
-    router = ModelRouter(config.model_list, config.general_settings.fallbacks)
+    general = config.general_settings
+    router = ModelRouter(config.model_list, general.fallbacks, general.model_group_alias)
     default = lcm.default_context_window
     lines: list[str] = []
     groups: dict[str, list[ModelDeployment]] = {}
@@ -52,6 +53,13 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
         groups.setdefault(deployment.model_name, []).append(deployment)
     for name, deployments in groups.items():
         lines += _deployment_lines(name, deployments, config.general_settings.routing_strategy)
+        aliases = [
+            alias + ("" if isinstance(t, str) or not t.hidden else " (hidden from /v1/models)")
+            for alias, t in general.model_group_alias.items()
+            if (t if isinstance(t, str) else t.model) == name
+        ]
+        if aliases:
+            lines.append(f"    aliases:     {', '.join(aliases)} (router_settings.model_group_alias)")
         fallbacks = router.fallbacks_of(name)
         if fallbacks:
             lines.append(f"    fallbacks:   {', '.join(fallbacks)} (tried in this order once all of {name} failed)")

@@ -110,6 +110,7 @@ MAPPED_SETTINGS: dict[tuple[str, str], str] = {
     ("router_settings", "routing_strategy"): "routing_strategy",
     ("router_settings", "fallbacks"): "fallbacks",
     ("litellm_settings", "fallbacks"): "fallbacks",
+    ("router_settings", "model_group_alias"): "model_group_alias",
     ("router_settings", "num_retries"): "upstream_retries",
     ("litellm_settings", "num_retries"): "upstream_retries",
     ("router_settings", "timeout"): "request_timeout",

@@ -159,7 +159,7 @@ class Operator:
         alias = model or config.lcm_settings.summary_model or c.last_model
         if alias is None:
             raise InvalidArgument("no summary model: pass --model, or set lcm_settings.summary_model", param="model")
-        target = ModelRouter(config.model_list).resolve(alias)
+        target = ModelRouter(config.model_list, aliases=config.general_settings.model_group_alias).resolve(alias)
         summarizer = UpstreamSummarizer(Upstream(config.general_settings), target, config.lcm_settings.summary_timeout)
         engine = ContextEngine(self.store, self.files, config.lcm_settings)
         report = await engine.compact(c.id, summarizer)  # waits for a sweep of it in the server (its lease)

@@ -10,6 +10,16 @@ because providers stream tool calls in different shapes, and each shape read wro
   with an ``id`` not seen before starts a new call whatever its index says; a delta without an id continues
   the call last seen at its index, or else the latest call.
 * A finish chunk may carry the round's last text (or a tool-call delta) as well as its ``finish_reason``.
+* Some servers (MiniMax through NVIDIA NIM) send the id and the whole name again on every delta of a call:
+  a name equal to the call's is not appended again. LM Studio sends every fragment of a call's arguments
+  under a fresh id and no name: a delta without a name, at an index already seen, continues that call
+  whatever its id (a delta without a name cannot start a call).
+
+One rule holds for both paths: an answer whose calls cannot be told apart or cannot be run is malformed.
+Two calls under one id (two entries of a JSON answer; streamed, a known id at another index, or naming
+another function) and a call that ends without a function name are a 502, before any call is run or
+relayed; streamed, when the delta that shows it arrives, or at choice 0's finish, so the client never gets
+``finish_reason: tool_calls`` for a call it cannot make.
 
 Only choice 0 is accumulated (the recall loop runs for one choice); every choice is checked. What the
 upstream sent in a shape no reader can trust (an ``index`` of ``"x"``, a function name that is a number, a
@@ -115,6 +125,7 @@ class Round:
         self._calls: list[dict[str, Any]] = []
         self._deltas: list[list[dict[str, Any]]] = []  # each call's tool-call deltas as received
         self._at_index: dict[int, int] = {}  # a delta's index -> the position of the call it last named
+        self._first_index: list[int | None] = []  # each call's index in its first delta
         self._by_id: dict[str, int] = {}
         self.role: str | None = None
         self.finish_reason: str | None = None
@@ -147,13 +158,28 @@ class Round:
         choices = check_chunk(chunk, self._source)
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
-        for choice in choices:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            self._take(delta.get("role"), delta.get("content"), choice.get("finish_reason"))
-            for tool_delta in delta.get("tool_calls") or []:
-                self._add_call_delta(tool_delta)
+        try:
+            for choice in choices:
+                if choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                self._take(delta.get("role"), delta.get("content"), choice.get("finish_reason"))
+                for tool_delta in delta.get("tool_calls") or []:
+                    self._add_call_delta(tool_delta)
+                if choice.get("finish_reason"):
+                    self._check_names()
+        except _Malformed as error:
+            raise bad_stream(self._source, str(error)) from None
+
+    def end(self) -> None:
+        """The stream is over: every call must have a name (checked at the finish too)."""
+        try:
+            self._check_names()
+        except _Malformed as error:
+            raise bad_stream(self._source, str(error)) from None
+
+    def _check_names(self) -> None:
+        _require(all(c["function"]["name"] for c in self._calls), "a tool call without a function name")
 
     def _take(self, role: str | None, content: Any, finish_reason: str | None) -> None:
         self.role = role or self.role
@@ -162,31 +188,47 @@ class Round:
 
     def _add_call_delta(self, tool_delta: dict[str, Any]) -> None:
         index = tool_delta.get("index")
-        position = self._position(index, tool_delta.get("id") or None)
+        call_id = tool_delta.get("id") or None
         function = tool_delta.get("function") or {}
+        name = function.get("name") or ""
+        position = self._position(index, call_id, bool(name))
         call = self._calls[position]
-        call["function"]["name"] += function.get("name") or ""
+        known = call["function"]["name"]
+        if name and name != known:  # the same name again is a server repeating it on every delta
+            # Under its own id a call does not change its name: that is another call with the same id. A
+            # delta without an id may carry the next piece of a name.
+            _require(not known or call_id is None, "two tool calls with the same id")
+            call["function"]["name"] = known + name
         call["function"]["arguments"] += function.get("arguments") or ""
         self._deltas[position].append(tool_delta)
 
-    def _position(self, index: int | None, call_id: str | None) -> int:
-        """Which call a delta belongs to: a new id starts one; else the call last seen at its index, else (an
-        index not seen yet from a server that numbers its calls: a new call; no index: the latest call)."""
-        if call_id is not None:
-            position = self._by_id[call_id] if call_id in self._by_id else self._start(call_id)
+    def _position(self, index: int | None, call_id: str | None, named: bool) -> int:
+        """Which call a delta belongs to. A known id continues its call (at another index it is a second call
+        with that id: malformed). A new id starts a call, unless the delta names nothing and its index was
+        seen (a fresh id per fragment). Else the call last seen at its index, else (an index not seen yet
+        from a server that numbers its calls: a new call; no index: the latest call)."""
+        if call_id is not None and call_id in self._by_id:
+            position = self._by_id[call_id]
+            first = self._first_index[position]
+            if index is not None and first is not None and index != first:
+                self._start(call_id, index)  # raises: two calls with one id
+        elif call_id is not None and (named or index is None or index not in self._at_index):
+            position = self._start(call_id, index)
         elif index is not None and index in self._at_index:
             position = self._at_index[index]
         elif self._calls and (index is None or not self._at_index):
             position = len(self._calls) - 1
         else:
-            position = self._start(None)
+            position = self._start(None, index)
         if index is not None:
             self._at_index[index] = position
         return position
 
-    def _start(self, call_id: str | None) -> int:
+    def _start(self, call_id: str | None, index: int | None = None) -> int:
+        _require(call_id is None or call_id not in self._by_id, "two tool calls with the same id")
         self._calls.append({"id": call_id, "function": {"name": "", "arguments": ""}})
         self._deltas.append([])
+        self._first_index.append(index)
         position = len(self._calls) - 1
         if call_id is not None:
             self._by_id[call_id] = position
@@ -226,7 +268,8 @@ class Round:
             function: Any = call.get("function") if isinstance(call, dict) else None
             _require(isinstance(function, dict), "a tool call without a function object")
             _optional(call.get("id"), str, "a tool call id that is not a string")
-            _require(isinstance(function.get("name"), str), "a function name that is not a string")
+            _require(function.get("name") not in (None, ""), "a tool call without a function name")
+            _require(isinstance(function["name"], str), "a function name that is not a string")
             _optional(function.get("arguments"), str, "function arguments that are not a string")
             position = self._start(call.get("id") or None)
             self._calls[position]["function"] = {"name": function["name"], "arguments": function.get("arguments") or ""}

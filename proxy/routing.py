@@ -6,6 +6,13 @@ deployment's ``litellm_params.model`` is replaced by the part of the name the pa
 Entries sharing a ``model_name`` are deployments of one model (a *model group*); ``general_settings.fallbacks``
 (LiteLLM's ``router_settings.fallbacks``) names the models whose deployments are tried after them. Which
 deployment of a group goes first is decided per call (``proxy.balancer``), not here.
+
+``general_settings.model_group_alias`` (LiteLLM's ``router_settings.model_group_alias``) gives a group other
+names. As in LiteLLM's router, an alias is resolved once, before the name is looked up (so it wins over a
+model_name it shadows, and its target is not resolved as an alias again); the target is then found like any
+name (exact, else wildcard). ``/v1/models`` lists the aliases not marked ``hidden``. The resolved model keeps
+the name the client asked for (errors and logs say "model 'gpt-4'"), and its fallbacks are the alias's own,
+else its target's.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from proxy.config import ModelDeployment, ProxyConfig
+from proxy.config import ModelDeployment, ModelGroupAlias, ProxyConfig
 from proxy.engine.tokens import token_margin
 from proxy.errors import ConfigError, NotFoundError
 
@@ -119,8 +126,13 @@ def _wildcard_capture(pattern: str, name: str) -> str | None:
 
 class ModelRouter:
     def __init__(
-        self, deployments: Sequence[ModelDeployment], fallbacks: Iterable[Mapping[str, Sequence[str]]] = ()
+        self,
+        deployments: Sequence[ModelDeployment],
+        fallbacks: Iterable[Mapping[str, Sequence[str]]] = (),
+        aliases: Mapping[str, str | ModelGroupAlias] | None = None,
     ) -> None:
+        self._aliases = {a: t if isinstance(t, str) else t.model for a, t in (aliases or {}).items()}
+        self._shown = [a for a, t in (aliases or {}).items() if isinstance(t, str) or not t.hidden]
         self._groups: dict[str, list[tuple[int, ModelDeployment]]] = {}
         for index, deployment in enumerate(deployments):
             self._groups.setdefault(deployment.model_name, []).append((index, deployment))
@@ -132,11 +144,15 @@ class ModelRouter:
                 self._fallbacks.setdefault(name, []).extend(chain)
 
     def public_names(self) -> list[str]:
-        return [name for name in self._groups if "*" not in name]
+        names = [name for name in self._groups if "*" not in name]
+        return names + [a for a in self._shown if a not in names]
 
     def group_for(self, name: str) -> tuple[str, list[tuple[int, ModelDeployment]], str] | None:
-        """The model_name serving ``name``, its deployments (with their model_list index) and what its
-        wildcard captured, or None."""
+        """The model_name serving ``name`` (an alias's target's), its deployments (with their model_list index)
+        and what its wildcard captured, or None."""
+        return self._group(self._aliases.get(name, name))
+
+    def _group(self, name: str) -> tuple[str, list[tuple[int, ModelDeployment]], str] | None:
         if name in self._groups and "*" not in name:
             return name, self._groups[name], ""
         for pattern in self._wildcards:
@@ -151,11 +167,13 @@ class ModelRouter:
         return None if found is None else (found[1][0][1], found[2])
 
     def fallbacks_of(self, name: str) -> list[str]:
-        """The models tried after ``name``'s deployments: by the name asked for, else by its model_name."""
+        """The models tried after ``name``'s deployments: by the name asked for, else (for an alias) by its
+        target, else by its model_name."""
+        for key in (name, self._aliases.get(name)):
+            if key is not None and key in self._fallbacks:
+                return self._fallbacks[key]
         found = self.group_for(name)
-        if name in self._fallbacks or found is None:
-            return self._fallbacks.get(name, [])
-        return self._fallbacks.get(found[0], [])
+        return [] if found is None else self._fallbacks.get(found[0], [])
 
     def resolve(self, name: str) -> ResolvedModel:
         tier = self._tier(name, required=True)
@@ -205,10 +223,12 @@ def _resolved(name: str, index: int, deployment: ModelDeployment, captured: str)
 
 
 def unreachable_models(config: ProxyConfig) -> list[str]:
-    """The summary model and every name in ``fallbacks`` must be models some request could reach: they pass
-    validation otherwise, and then every compaction (every fallback) fails at run time. Fallbacks are named by
-    ``general_settings.fallbacks``; the config loader renames that to where the user wrote it."""
-    router = ModelRouter(config.model_list)
+    """The summary model, every name in ``fallbacks`` and every alias's target must be models some request
+    could reach: they pass validation otherwise, and then every compaction (every fallback, every request for
+    the alias) fails at run time. They are named by ``general_settings.fallbacks`` and
+    ``general_settings.model_group_alias``; the config loader renames those to where the user wrote them."""
+    aliases = config.general_settings.model_group_alias
+    router = ModelRouter(config.model_list, aliases=aliases)
     named: list[tuple[str, str]] = []
     if config.lcm_settings.summary_model is not None:
         named.append(("lcm_settings.summary_model", config.lcm_settings.summary_model))
@@ -216,8 +236,15 @@ def unreachable_models(config: ProxyConfig) -> list[str]:
         where = f"general_settings.fallbacks[{index}]"
         for name, chain in entry.items():
             named += [(where, name)] + [(f"{where}.{name}[{i}]", other) for i, other in enumerate(chain)]
+    unaliased = ModelRouter(config.model_list)  # an alias's target is not resolved as an alias again
+    targets = [(alias, t if isinstance(t, str) else t.model) for alias, t in aliases.items()]
     return [
         f"{path}: {name!r} is not a model_name in model_list (nor matched by a wildcard model_name)"
         for path, name in named
         if router.deployment_for(name) is None
+    ] + [
+        f"general_settings.model_group_alias.{alias}: {target!r} is not a model_name in model_list (nor matched by"
+        " a wildcard model_name)"
+        for alias, target in targets
+        if unaliased.deployment_for(target) is None
     ]

@@ -4,7 +4,8 @@ When the upstream answers with calls to recall tools only, the proxy executes th
 its results to *its own* copy of the messages (never to the client's transcript, never to the store) and
 asks again, up to ``max_tool_rounds`` rounds; the last round is offered only the client's own tools, so it
 must answer. Calls to the client's tools are returned to the client as usual (recall calls mixed into the
-same answer are dropped: a recall call never reaches the client). Usage is summed over the rounds.
+same answer are dropped: a recall call never reaches the client; nor does a call to any other ``lcm_`` name
+the client did not offer, which the proxy answers with an error). Usage is summed over the rounds.
 
 Every round is read by one ``proxy.rounds.Round``, streamed or not, so both paths see the same calls and the
 same text. Streaming relays text as it arrives (also text that shares a chunk with a tool call or the
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from proxy.engine.recall import RECALL_TOOL_NAMES, RECALL_TOOLS, clip_to_tokens
+from proxy.engine.recall import RECALL_TOOLS, clip_to_tokens
 from proxy.engine.tokens import count_message, count_text
 from proxy.rounds import Round
 from proxy.routing import ResolvedModel
@@ -56,9 +57,15 @@ def without_recall_tools(body: ChatBody, client_tools: list[Any] | None) -> Chat
     return out
 
 
+RECALL_PREFIX = "lcm_"  # every recall tool's name starts so (RECALL_TOOL_NAMES)
+
+
 def _is_recall(call: dict[str, Any], client_names: set[str | None]) -> bool:
+    """A call the proxy answers itself: to any ``lcm_`` name the client did not offer. Besides the recall tools
+    that is a recall call garbled by a provider's stream shape ("lcm_greplcm_describe") or one the model made
+    up; run, it answers the model with an error naming the tool. None of them ever reaches the client."""
     name = tool_name(call)
-    return name in RECALL_TOOL_NAMES and name not in client_names
+    return name is not None and name.startswith(RECALL_PREFIX) and name not in client_names
 
 
 def _add_usage(total: dict[str, Any], usage: dict[str, Any] | None) -> None:
@@ -227,6 +234,7 @@ class RecallLoop:
                 finish = held or finish
                 if now is not None:
                     yield now
+            answer.end()  # a call without a name ends the stream as upstream_bad_stream, never relayed
             _add_usage(usage, answer.usage)
             calls = answer.calls
             recall = [i for i, c in enumerate(calls) if _is_recall(c, client_names)]

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from proxy.balancer import Balancer, backoff, switch_line, switchable
+from proxy.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.config import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.redaction import environment_credentials, rules
@@ -253,7 +253,7 @@ class Upstream:
                 self.balancer.succeeded(candidate)
                 return result
             if attempt >= self._settings.upstream_retries:
-                raise error
+                raise exhausted(target, chain, error)
             attempt += 1
             await asyncio.sleep(backoff(attempt))
 

@@ -205,10 +205,10 @@ def test_router_and_litellm_settings_map_onto_general_settings() -> None:
     # The router's own settings win over the module's, as in LiteLLM.
     assert (general.upstream_retries, general.request_timeout) == (2, 30)
     assert (general.allowed_fails, general.cooldown_time, general.drop_params) == (4, 60, True)
+    assert general.model_group_alias == {"gpt-4": "gpt-4o"}
     assert config.warnings == [
         "litellm_settings.num_retries: router_settings.num_retries (2) is used instead",
         "litellm_settings.request_timeout: router_settings.timeout (30) is used instead",
-        "router_settings: ignored (a LiteLLM proxy setting that lcm-proxy does not use): model_group_alias",
     ]
 
 

@@ -416,12 +416,13 @@ def test_litellms_documented_config_passes_check_config_with_warnings(example_en
         "    deployment:  openai/HuggingFaceH4/zephyr-7b-beta at http://127.0.0.1:8002/v1 (rpm 600)\n"
         "    fallbacks:   gpt-4o (tried in this order once all of zephyr-beta failed)\n"
     ) in result.stdout
+    assert "    aliases:     gpt-4 (router_settings.model_group_alias)\n" in result.stdout
     ignored = "ignored (a LiteLLM proxy setting that lcm-proxy does not use)"
     assert result.stderr.splitlines() == [
         "lcm-proxy: warning: litellm_settings.num_retries: router_settings.num_retries (2) is used instead",
         "lcm-proxy: warning: litellm_settings.request_timeout: router_settings.timeout (30) is used instead",
         f"lcm-proxy: warning: litellm_settings: {ignored}: set_verbose, success_callback, context_window_fallbacks",
-        f"lcm-proxy: warning: router_settings: {ignored}: model_group_alias, redis_host, redis_password, redis_port",
+        f"lcm-proxy: warning: router_settings: {ignored}: redis_host, redis_password, redis_port",
         f"lcm-proxy: warning: general_settings.alerting: {ignored}",
     ]
 

@@ -235,3 +235,75 @@ def test_malformed_result_is_a_bad_gateway_naming_the_upstream(name: str, bad: A
     error = info.value
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_bad_response")
     assert error.message.startswith("The upstream provider for model 'local' at http://127.0.0.1:9/v1 sent")
+
+
+# --- issue 22: calls that cannot be told apart or run are malformed; one call in pieces stays one call --------
+
+
+def test_the_whole_name_again_on_every_delta_is_one_call() -> None:
+    """MiniMax through NVIDIA NIM repeats the id and the name on every delta: it became "lcm_greplcm_grep"."""
+    answer = streamed(
+        chunk({"tool_calls": [call_delta(0, "a", "lcm_grep", '{"pattern":')]}),
+        chunk({"tool_calls": [call_delta(0, "a", "lcm_grep", ' "x"}')]}, finish="tool_calls"),
+    )
+    assert names(answer) == [("a", "lcm_grep", '{"pattern": "x"}')]
+
+
+def test_a_fresh_id_on_every_nameless_fragment_continues_the_call() -> None:
+    """LM Studio sends every fragment of one call's arguments under a new id, with no name: one call each."""
+    answer = streamed(
+        chunk({"tool_calls": [call_delta(0, "a", "lcm_grep", "")]}),
+        chunk({"tool_calls": [call_delta(0, "f1", args='{"pattern":')]}),
+        chunk({"tool_calls": [call_delta(0, "f2", args=' "x"}')]}, finish="tool_calls"),
+    )
+    assert names(answer) == [("a", "lcm_grep", '{"pattern": "x"}')]
+
+
+def test_a_name_sent_after_an_empty_opening_delta_is_kept() -> None:
+    answer = streamed(
+        chunk({"tool_calls": [call_delta(0, "a", "", "")]}),
+        chunk({"tool_calls": [call_delta(0, "a", "lcm_grep", "{}")]}, finish="tool_calls"),
+    )
+    assert names(answer) == [("a", "lcm_grep", "{}")]
+
+
+SAME_ID_STREAMS = {
+    "other_index": [call_delta(0, "a", "lcm_grep", "{}"), call_delta(1, "a", "lcm_grep", "{}")],
+    "other_name": [call_delta(0, "a", "lcm_grep", "{}"), call_delta(0, "a", "lcm_describe", "{}")],
+}
+
+
+@pytest.mark.parametrize("shape", list(SAME_ID_STREAMS))
+def test_two_streamed_calls_with_one_id_are_a_bad_stream(shape: str) -> None:
+    first, second = SAME_ID_STREAMS[shape]
+    answer = streamed(chunk({"tool_calls": [first]}))
+    with pytest.raises(UpstreamError) as info:
+        answer.add(chunk({"tool_calls": [second]}))
+    assert (info.value.status, info.value.code) == (502, "upstream_bad_stream")
+    assert info.value.message == f"T{SOURCE[1:]} sent a malformed stream event: two tool calls with the same id."
+
+
+@pytest.mark.parametrize(
+    "delta", [{"index": 0, "id": "a", "function": None}, call_delta(0, "a", "", "{}")], ids=["null", "empty"]
+)
+def test_a_call_without_a_name_at_the_finish_is_a_bad_stream(delta: Any) -> None:
+    answer = streamed(chunk({"tool_calls": [delta]}))
+    with pytest.raises(UpstreamError) as info:
+        answer.add(chunk({}, finish="tool_calls"))
+    assert "a tool call without a function name" in info.value.message
+    with pytest.raises(UpstreamError):
+        answer.end()
+
+
+def test_two_calls_with_one_id_in_a_result_are_a_bad_response() -> None:
+    call = {"id": "a", "type": "function", "function": {"name": "lcm_grep", "arguments": "{}"}}
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": [call, call]}}]}
+    with pytest.raises(UpstreamError) as info:
+        Round.from_response(body, SOURCE)
+    assert (info.value.code, info.value.message) == (
+        "upstream_bad_response",
+        f"T{SOURCE[1:]} sent a malformed response: two tool calls with the same id.",
+    )
+    unnamed = {"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": [{"id": "a", "function": {}}]}}]}
+    with pytest.raises(UpstreamError, match="a tool call without a function name"):
+        Round.from_response(unnamed, SOURCE)

@@ -26,13 +26,13 @@ from proxy.engine.engine import Budget, Preparation, Prepared
 from proxy.engine.errors import ContextTooLong
 from proxy.engine.recall import clip_to_tokens
 from proxy.errors import InternalError, InvalidRequestError, UpstreamError
-from proxy.rounds import Round
+from proxy.rounds import DEFAULT_SOURCE, Round
 from proxy.routing import ResolvedModel
 from proxy.scopes import user_scope
 from proxy.summarizer import UpstreamSummarizer
 from proxy.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody, Chunk
-from proxy.upstream_errors import is_context_length_error
+from proxy.upstream_errors import describe_upstream, is_context_length_error
 from proxy.wire.auth import request_user
 from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
@@ -319,7 +319,9 @@ async def _forward(call: _Call, prepared: Prepared | None, headers: dict[str, st
             # Open the upstream stream before answering, so that an early upstream failure becomes a real
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
-            relay = _relay(stream, lambda delta: state.learn_tool_calls(target, delta), leave, answer)
+            relay = _relay(
+                stream, lambda delta: state.learn_tool_calls(target, delta), leave, answer, describe_upstream(target)
+            )
             return _streaming(relay, headers, background, leave)
         try:
             result = await state.upstream.complete(target, body)
@@ -374,7 +376,8 @@ async def _with_recall(
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunks = await loop.open_stream(offered, client_tools, include_usage)
-        return _streaming(_relay(chunks, None, leave, answer), headers, background, leave)
+        relay = _relay(chunks, None, leave, answer, describe_upstream(target))
+        return _streaming(relay, headers, background, leave)
     try:
         result = await loop.complete(offered, client_tools)
     finally:
@@ -389,22 +392,21 @@ async def _relay(
     on_delta: Callable[[Any], None] | None = None,
     leave: Callable[[], None] | None = None,
     answer: Answer | None = None,
+    source: str = DEFAULT_SOURCE,
 ) -> AsyncIterator[bytes]:
     """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
     ``on_delta`` sees each choice's delta (to learn which models make structured tool calls); ``leave`` runs
     when the stream is over, however it ends; ``answer`` keeps what the client received when the stream
-    reached its end, before ``[DONE]``."""
-    collected = Round() if answer is not None else None
+    reached its end, before ``[DONE]``. Every chunk is read as the recall loop reads it (``source`` names the
+    upstream): an answer the ``Round`` finds malformed (two calls under one id, a call without a name) ends
+    with ``upstream_bad_stream`` in place of the chunk that showed it, as it is a 502 when not streamed."""
+    collected = Round(source)
     try:
         async for chunk in stream:
             if on_delta is not None:
                 for choice in chunk.get("choices") or []:
                     on_delta(choice.get("delta") if isinstance(choice, dict) else None)
-            if collected is not None:
-                try:
-                    collected.add(chunk)
-                except UpstreamError:  # a shape the relay passes on as sent, but no answer to store
-                    collected = None
+            collected.add(chunk)
             yield sse_event(chunk)
     except REPORTED as error:
         yield sse_event(to_proxy_error(error).to_json())
@@ -416,7 +418,7 @@ async def _relay(
     finally:
         if leave is not None:
             leave()
-    if answer is not None and collected is not None and collected.finish_reason is not None:
+    if answer is not None and collected.finish_reason is not None:
         await answer.keep(collected.message())
     yield DONE
 
