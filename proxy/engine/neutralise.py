@@ -7,7 +7,9 @@ tool-output stubs with their exploration summaries, and what the recall tools wr
 * **Forged markers made inert.** Anything a reader could take for one of the proxy's own tags
   (``TAG_NAMES``, opening or closing) has its ``<`` escaped (``&lt;``); anything it could take for an
   auto-recall excerpt label (``[msg_12 | user | …]``) or a transcript header (``[2024-05-01T10:00:00Z |
-  user]``), anywhere in a line, has its ``[`` escaped (``&#91;``). Detection reads the text *folded*
+  user]``, ``[… to … | summary sum_…]``), anywhere in a line, has its ``[`` escaped (``&#91;``). The
+  summary model's input (``render_message``, previous notes, child summaries) gets this part too: what it
+  reads as a turn or a note must be one. Detection reads the text *folded*
   (``fold``): zero-width characters, soft hyphens, bidi controls and other invisible format characters
   ignored; full-width, small and mathematical forms (NFKC), look-alike letters (Cyrillic ``і``, ``о``,
   ``а``…, Greek ``ο``…) and look-alike angles and brackets (``‹›``, ``⟨⟩``, ``〈〉``, ``＜＞``) read as ASCII.
@@ -118,10 +120,12 @@ def _spelled(name: str) -> str:
 
 # "<", then an optional "/", then a tag name that is not the start of a longer name (<summary_table>).
 _TAG = re.compile(rf"<(?={_GAP}(?:/{_GAP})?(?:{'|'.join(_spelled(n) for n in TAG_NAMES)})(?!{IGNORED}*[\w.:-]))", re.I)
-# "[msg_12 |" (an auto-recall excerpt's label) and "[2024-05-01T10:00:00Z |" (a transcript header).
+# "[msg_12 |" (an auto-recall excerpt's label), "[2024-05-01T10:00:00Z |" (a transcript header) and
+# "[2024-05-01T10:00:00Z to 2024-05-02T09:00:00Z |" (a child summary's, in a condensed pass's input).
+_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 _LABEL = re.compile(
     rf"\[(?={_GAP}(?:{_spelled('msg_')}\d+(?:{IGNORED}+\d+)*{_GAP}\|"
-    rf"|\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ{_GAP}\|))",
+    rf"|{_TIME}(?:[ \t]+to[ \t]+{_TIME})?{_GAP}\|))",
     re.I,
 )
 TAG_ESCAPE = "&lt;"

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.engine import tokens
 from proxy.engine.explore import redact_secrets
-from proxy.engine.neutralise import neutralise_cached
+from proxy.engine.neutralise import defang_markers, neutralise_cached
 from proxy.store.records import SummaryRecord
 from proxy.types import Message
 
@@ -59,7 +59,9 @@ def content_text(content: Any) -> str:
 
 
 def render_message(message: Message, created_at: float, file_refs: dict[str, str] | None = None) -> str:
-    """One message as summarizer input: ``[time | role]`` header, text, tool calls; no reasoning blocks."""
+    """One message as summarizer input (and recall-tool output): ``[time | role]`` header, text, tool calls; no
+    reasoning blocks. The message's own words cannot pass for a header or one of the proxy's tags
+    (``defang_markers``)."""
     role = str(message.get("role"))
     header = role
     if role == "tool":
@@ -69,14 +71,14 @@ def render_message(message: Message, created_at: float, file_refs: dict[str, str
     for placeholder, ref in (file_refs or {}).items():
         text = text.replace(placeholder, ref)
     if text:
-        lines.append(text)
+        lines.append(defang_markers(text))
     for call in message.get("tool_calls") or []:
         fn = call.get("function") if isinstance(call, dict) else None
         fn = fn if isinstance(fn, dict) else {}
         arguments = str(fn.get("arguments", ""))
         if len(arguments) > MAX_ARGUMENT_CHARS:
             arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"
-        lines.append(f"-> calls {fn.get('name', '?')}({arguments})")
+        lines.append(defang_markers(f"-> calls {fn.get('name', '?')}({arguments})"))
     return redact_secrets("\n".join(lines))
 
 
