@@ -222,8 +222,9 @@ def _own_token_rules() -> list[Rule]:
         _sub(r"do[opr]_v1_(?<![A-Za-z0-9_]do[opr]_v1_)[a-f0-9]{64,}"),
         # Databricks personal access tokens: "dapi", 32 hex, sometimes a "-2" style suffix.
         _sub(r"dapi(?<![A-Za-z0-9_]dapi)[a-f0-9]{32,}(?:-\d{1,3})?"),
-        # Mailgun API keys: "key-" and 32 hex (also after a name such as "mailgun-key-…").
-        _sub(r"key-(?<![A-Za-z0-9]key-)[a-f0-9]{32,}"),
+        # Mailgun API keys: "key-" and 32 hex (also after a name such as "mailgun-key-…"); exactly 32, since
+        # "key-" is no rare prefix and a longer run is a hash ("cache-key-" and a SHA-256), which summaries need.
+        _sub(r"key-(?<![A-Za-z0-9]key-)[a-f0-9]{32}(?![A-Za-z0-9])"),
         # Square access tokens ("sq0atp-", 22 base64url characters) and OAuth secrets ("sq0csp-", 43; the
         # detect-secrets pattern wants exactly 43).
         _sub(r"sq0(?:atp|csp)-(?<![A-Za-z0-9_-]sq0atp-)(?<![A-Za-z0-9_-]sq0csp-)[A-Za-z0-9_-]{22,}"),

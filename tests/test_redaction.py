@@ -525,6 +525,12 @@ def test_formats_a_review_found_are_redacted(text: str, secret: str) -> None:
     assert secret not in redact_secrets(text)
 
 
+def test_a_hash_after_a_key_prefix_is_kept() -> None:
+    """Mailgun's "key-" and 32 hex is a key; a SHA-256 named "cache-key-…" is an id summaries need."""
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    assert redact_secrets(f"cache-key-{digest}") == f"cache-key-{digest}"
+
+
 def test_prose_about_passwords_without_a_value_is_kept() -> None:
     for text in ("the password for it is invalid", "Our password policy for users is strict."):
         assert redact_secrets(text) == text
