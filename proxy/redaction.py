@@ -218,6 +218,21 @@ def _own_token_rules() -> list[Rule]:
         _sub(r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{36,}"),
         # Hugging Face access tokens.
         _sub(r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,}"),
+        # DigitalOcean personal access, OAuth and refresh tokens: "dop_v1_", "doo_v1_", "dor_v1_" and 64 hex.
+        _sub(r"do[opr]_v1_(?<![A-Za-z0-9_]do[opr]_v1_)[a-f0-9]{64,}"),
+        # Databricks personal access tokens: "dapi", 32 hex, sometimes a "-2" style suffix.
+        _sub(r"dapi(?<![A-Za-z0-9_]dapi)[a-f0-9]{32,}(?:-\d{1,3})?"),
+        # Mailgun API keys: "key-" and 32 hex (also after a name such as "mailgun-key-…"); exactly 32, since
+        # "key-" is no rare prefix and a longer run is a hash ("cache-key-" and a SHA-256), which summaries need.
+        _sub(r"key-(?<![A-Za-z0-9]key-)[a-f0-9]{32}(?![A-Za-z0-9])"),
+        # Square access tokens ("sq0atp-", 22 base64url characters) and OAuth secrets ("sq0csp-", 43; the
+        # detect-secrets pattern wants exactly 43).
+        _sub(r"sq0(?:atp|csp)-(?<![A-Za-z0-9_-]sq0atp-)(?<![A-Za-z0-9_-]sq0csp-)[A-Za-z0-9_-]{22,}"),
+        # Shopify access tokens, shared secrets, custom-app and private-app tokens: a prefix and 32 hex.
+        _sub(
+            r"shp(?:at|ss|ca|pa)_(?<![A-Za-z0-9_]shpat_)(?<![A-Za-z0-9_]shpss_)(?<![A-Za-z0-9_]shpca_)"
+            r"(?<![A-Za-z0-9_]shppa_)[a-fA-F0-9]{32,}"
+        ),
     ]
 
 

@@ -202,6 +202,18 @@ FORMATS = {
     "twilio key": ("SK" + "0123456789abcdef" * 2, "SK0123"),
     "slack webhook": ("https://hooks.slack.com/services/T0123ABCD/B0123ABCD/XyZ0123456789abcdefABCD", "XyZ0123"),
     "telegram bot token": ("123456789:AAH" + "x" * 32, "AAHxxx"),
+    # Formats issue 22 found passing through (neither detect-secrets nor the old list had them).
+    "digitalocean token": ("dop_v1_" + "3f9a0c7e1b2d4f6a" * 4, "3f9a0c7e"),
+    "digitalocean oauth token": ("doo_v1_" + "b2d4f6a83f9a0c7e" * 4, "b2d4f6a8"),
+    "databricks token": ("dapi" + "0a1b2c3d4e5f6a7b" * 2, "0a1b2c3d"),
+    "databricks token with suffix": ("dapi" + "0a1b2c3d4e5f6a7b" * 2 + "-2", "0a1b2c3d"),
+    "mailgun key": ("key-" + "5e6f7a8b9c0d1e2f" * 2, "5e6f7a8b"),
+    "square access token": ("sq0atp-" + "Xk3_9Lm-2Qw8Zr7Tp4Vb1N", "Xk3_9Lm"),
+    "square oauth secret": ("sq0csp-" + "Hq2-Wm8_Zr7Tp4Vb1NXk3L9dF0gJ6sA5cE2yU8iO1pK", "Hq2-Wm8"),
+    "shopify access token": ("shpat_" + "a1b2c3d4e5f60718" * 2, "a1b2c3d4"),
+    "shopify shared secret": ("shpss_" + "0718a1b2c3d4e5f6" * 2, "0718a1b2"),
+    "shopify custom app token": ("shpca_" + "c3d4e5f60718a1b2" * 2, "c3d4e5f6"),
+    "shopify private app token": ("shppa_" + "e5f60718a1b2c3d4" * 2, "e5f60718"),
 }
 
 
@@ -277,6 +289,13 @@ HOSTILE = {
     "prose": lambda: "the password is " * (MB // 16),
     "assignment spaces": lambda: "password" + " " * MB + "x",
     "assignment names": lambda: "api_key-" * (MB // 8),
+    "digitalocean prefix": lambda: "dop_v1_" * (MB // 7),
+    "databricks prefix": lambda: "dapi" * (MB // 4),
+    "databricks hex": lambda: "dapi" + "0a1b2c3d" * (MB // 8),
+    "mailgun prefix": lambda: "key-" * (MB // 4),
+    "square prefix": lambda: "sq0atp-" * (MB // 7),
+    "square secret prefix": lambda: "sq0csp-" * (MB // 7),
+    "shopify prefix": lambda: "shpat_" * (MB // 6),
 }
 
 
@@ -284,6 +303,90 @@ HOSTILE = {
 def test_redaction_is_linear_on_hostile_input(name: str) -> None:
     text = HOSTILE[name]()
     assert isinstance(redact_secrets(text), str)
+
+
+# --- 2b. nothing the proxy sends to its summary model carries a secret -----------------------------------
+
+LEAKED = {
+    name: FORMATS[name][0] for name in ("digitalocean token", "databricks token", "mailgun key", "stripe secret key")
+}
+
+
+def _memo_with_secrets() -> str:
+    """Free text (so it goes to the summary model, not a deterministic explorer) with secrets spread over it:
+    one in the head, one in the middle that clipping drops, one in the tail, one in prose."""
+    lines = [
+        f"Meeting note {i}: the pumps of hall {i % 7} were serviced and logged by the night shift." for i in range(4000)
+    ]
+    secrets = list(LEAKED.values())
+    lines[3] = f"Deploy with {secrets[0]} on the droplet."
+    lines[2000] = f"Databricks: {secrets[1]} (rotate monthly)."
+    lines[3990] = f"Mail relay key {secrets[2]} lives in vault."
+    lines[3995] = f"The stripe key is {secrets[3]}."
+    return "\n".join(lines)
+
+
+def test_the_exploration_summary_model_never_receives_a_files_secrets(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """Compaction's input was redacted, the exploration summariser's was not: it received the raw file. Every
+    call the proxy makes to its summary model now goes through one redaction (``UpstreamSummarizer``)."""
+    document = _memo_with_secrets()
+    message = {"role": "user", "content": f'Read <file name="memo.txt" mime="text/plain">{document}</file> please'}
+    body = {"model": "test-model", "messages": [message]}
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    explorations = [
+        r.body
+        for r in fake_upstream.requests
+        if str(r.body["messages"][0]["content"]).startswith("You describe documents")
+    ]
+    assert len(explorations) == 1  # the file went to the summary model
+    sent = json.dumps(explorations[0])
+    assert "Meeting note 3999" in sent  # its text did, head and tail
+    for name, secret in LEAKED.items():
+        assert secret not in sent, name
+        assert secret[-12:] not in sent, name  # nor a tail a clip left behind
+    assert "[REDACTED]" in sent
+
+
+class _Capture:
+    """An upstream that records the bodies the summarizer sends."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    async def complete(self, target: Any, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies.append(body)
+        return {"choices": [{"message": {"content": "noted"}}]}
+
+
+def test_every_summarizer_call_is_redacted_at_one_place() -> None:
+    """``complete`` (leaf and condensed summaries, lcm_expand_query answers) and ``summarize_text``
+    (exploration) both redact what they send, whatever their caller did."""
+    import asyncio
+
+    from proxy.routing import ResolvedModel
+    from proxy.summarizer import UpstreamSummarizer
+
+    upstream = _Capture()
+    target = ResolvedModel("summary-model", {"model": "openai/summary-model"}, None, None)
+    summarizer = UpstreamSummarizer(upstream, target, timeout=5)  # type: ignore[arg-type]
+    secret = LEAKED["mailgun key"]
+
+    async def calls() -> None:
+        await summarizer.complete(
+            system="Answer.", user=f"<material>use {secret}</material>", max_tokens=9, temperature=0
+        )
+        await summarizer.summarize_text(f"a memo with {secret} inside", name="memo.txt", max_tokens=9)
+        await summarizer.summarize_text(("word " * 40_000) + secret, name="big.txt", max_tokens=9)
+
+    asyncio.run(calls())
+    assert len(upstream.bodies) == 3
+    for body in upstream.bodies:
+        assert secret not in json.dumps(body) and secret[-10:] not in json.dumps(body)
+        assert "[REDACTED]" in json.dumps(body)
+    assert upstream.bodies[0]["messages"][0]["content"] == "Answer."  # the proxy's own prompt is unchanged
 
 
 # --- 3. logging ----------------------------------------------------------------------------------------------
@@ -420,6 +523,12 @@ def test_served_proxy_at_debug_logs_no_content(fake_upstream: FakeUpstream, upst
 )
 def test_formats_a_review_found_are_redacted(text: str, secret: str) -> None:
     assert secret not in redact_secrets(text)
+
+
+def test_a_hash_after_a_key_prefix_is_kept() -> None:
+    """Mailgun's "key-" and 32 hex is a key; a SHA-256 named "cache-key-…" is an id summaries need."""
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    assert redact_secrets(f"cache-key-{digest}") == f"cache-key-{digest}"
 
 
 def test_prose_about_passwords_without_a_value_is_kept() -> None:

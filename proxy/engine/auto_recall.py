@@ -15,7 +15,8 @@ How it searches:
    ``bm25`` rank, then the newer message. Candidates scoring below ``RELATIVE_FLOOR`` of the best are dropped.
 4. **Excerpts**: a short message whole; of a longer one the sentences holding matched terms (best first) and
    then their neighbours, up to ``EXCERPT_TOKENS``, gaps marked "…". Original words, whitespace collapsed,
-   credentials masked (``redact_credentials``), ``<summary>`` and ``<recalled_history>`` tags made inert.
+   credentials masked (``redact_credentials``), then neutralised (``proxy.engine.neutralise``): forged tags
+   and excerpt labels made inert, instruction overrides removed.
 
 Everything is a deterministic function of the stored messages and the query (no current time), linear in
 their size: messages are read up to ``MAX_SCAN_CHARS`` characters, patterns have no nested quantifiers.
@@ -32,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.engine import tokens
-from proxy.engine.render import neutralise_summary_tags, timestamp
+from proxy.engine.neutralise import defang_markers, neutralise
+from proxy.engine.render import timestamp
 from proxy.engine.terms import Matcher, Term, query_terms, token_positions
 from proxy.redaction import redact_credentials
 from proxy.store.base import Phrase, Store
@@ -57,11 +59,6 @@ FOOTER = "</recalled_history>"
 
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s)|\n")
-_GAP = r"[\s\u200b-\u200d\u2060\ufeff]*"
-# Anything a reader could take for a <recalled_history> tag, opening or closing (as render.SUMMARY_TAG).
-_RECALLED_TAG = re.compile(
-    rf"[<\uff1c\ufe64](?={_GAP}(?:/{_GAP})?recalled[\s\u200b-\u200d\u2060\ufeff_-]*history)", re.I
-)
 _ROLE = re.compile(r"[a-z_]{1,32}")
 
 
@@ -134,10 +131,6 @@ def _clip(text: str, budget: int) -> str:
     if cut <= 0:
         cut = low
     return (text[:cut].rstrip() + " …").lstrip() if cut > 0 else ""
-
-
-def _inert(text: str) -> str:
-    return _RECALLED_TAG.sub("&lt;", neutralise_summary_tags(text))
 
 
 def _sentences(text: str) -> list[tuple[int, int]]:
@@ -236,8 +229,10 @@ def _line(candidate: Candidate, terms: Sequence[Term], budget: int) -> str | Non
     room = min(EXCERPT_TOKENS, budget - tokens.count_text(label) - 1)
     if room < MIN_EXCERPT_TOKENS:
         return None
-    text = redact_credentials(_scanned(candidate.text))
-    body = _clip(_inert(excerpt(text, terms, room)), room)
+    # Neutralised while its lines are intact (an override is removed by the sentence, not with the rest of a
+    # collapsed message), and its excerpt again: cutting and joining sentences must not complete a marker.
+    text = neutralise(redact_credentials(_scanned(candidate.text)))
+    body = _clip(defang_markers(excerpt(text, terms, room)), room)
     return label + body if body else None
 
 

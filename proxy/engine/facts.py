@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from proxy.engine import tokens
-from proxy.engine.injection import INSTRUCTION_OVERRIDE, SENTENCE
+from proxy.engine.injection import SENTENCE, is_instruction_override
 
 FACTS_HEADER = "Facts stated (verbatim):"
 FALLBACK_HEADER = "User messages (first sentences, verbatim):"
@@ -144,7 +144,7 @@ def extract_facts(messages: Sequence[tuple[str, str]]) -> list[Fact]:
     for position, (role, text) in enumerate(messages):
         for sentence in _sentences(text):
             key = _key(sentence)
-            if key in seen or not any(c.isalpha() for c in sentence) or INSTRUCTION_OVERRIDE.search(sentence):
+            if key in seen or not any(c.isalpha() for c in sentence) or is_instruction_override(sentence):
                 continue
             weight = score_sentence(sentence, role)
             if weight > 0:
@@ -208,7 +208,7 @@ def parse_facts(text: str) -> list[Fact]:
             if not match:
                 continue
             role, fact = match.group(1), _clip(" ".join(match.group(2).split()))
-            if _key(fact) in seen or INSTRUCTION_OVERRIDE.search(fact):
+            if _key(fact) in seen or is_instruction_override(fact):
                 continue  # a block is data too: what reads as an order is dropped here as anywhere else
             seen.add(_key(fact))
             facts.append(Fact(fact, role, score_sentence(fact, role), len(facts)))
@@ -277,7 +277,7 @@ def clean_generation(text: str) -> str:
 def _first_sentence(text: str) -> str:
     for sentence in _sentences(text):
         ack = _ACK.match(sentence)
-        if any(c.isalnum() for c in sentence[ack.end() if ack else 0 :]) and not INSTRUCTION_OVERRIDE.search(sentence):
+        if any(c.isalnum() for c in sentence[ack.end() if ack else 0 :]) and not is_instruction_override(sentence):
             return sentence
     return ""
 

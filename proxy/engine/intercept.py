@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.engine import tokens
+from proxy.engine.neutralise import neutralise
 from proxy.types import Message
 
 Path = list[str | int]
@@ -128,7 +129,7 @@ def stub_text(payload: Payload, exploration: str, tool_name: str | None = None) 
         head = f"[LCM File: {payload.file_id} | {payload.name} | {payload.mime} | {size} bytes]"
         what = "content"
     return (
-        f"{head}\nExploration Summary:\n{exploration.strip()}\n"
+        f"{head}\nExploration Summary:\n{neutralise(exploration.strip())}\n"
         f'(Stored out of line by lcm-proxy. Call lcm_describe with id "{payload.file_id}" to read the full {what}.)'
     )
 

@@ -26,6 +26,7 @@ from proxy.engine.facts import (
     select_facts,
     split_summary,
 )
+from proxy.engine.neutralise import defang_markers
 from proxy.engine.plan import Plan, view_message
 from proxy.engine.render import content_text, render_message, strip_reasoning, timestamp
 from proxy.engine.summarize import (
@@ -87,7 +88,7 @@ class SummaryWriter:
         source = "\n\n".join(rendered)
         facts = select_facts(extract_facts(pairs), sizes.leaf_target * 2 // 3)
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
-        context = f"<previous_notes>\n{previous}\n</previous_notes>\n\n" if previous else ""
+        context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
         text = await self._write(
             summarizer,
             conversation_id,
@@ -196,7 +197,8 @@ class SummaryWriter:
             children = children[:-1]
         depth = max(c.depth for c in children) + 1
         source = "\n\n".join(
-            f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n{split_summary(c.content)[0]}"
+            f"[{timestamp(c.earliest_at)} to {timestamp(c.latest_at)} | summary {c.id}]\n"
+            f"{defang_markers(split_summary(c.content)[0])}"
             for c in children
         )
         proses = [("text", split_summary(c.content)[0]) for c in children]

@@ -15,19 +15,13 @@ from typing import Any
 
 from proxy.engine import tokens
 from proxy.engine.explore import redact_secrets
+from proxy.engine.neutralise import defang_markers, neutralise_cached
 from proxy.store.records import SummaryRecord
 from proxy.types import Message
 
 REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.S | re.I)
 UNCLOSED_REASONING = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.S | re.I)
 MAX_ARGUMENT_CHARS = 300
-# The start of anything a reader (a model, not an XML parser) could take for a <summary> tag, opening or
-# closing: any case, whitespace or zero-width characters around the slash, attributes or none, closed by ">"
-# or not at all, and the full-width and small "<" look-alikes. Names that merely begin with "summary"
-# (<summary_table>) are other tags, and other markup (<div>, Vec<T>) is kept. The gap before the slash and
-# the gap after it cannot both match the same characters, so the pattern runs in linear time.
-_GAP = r"[\s\u200b-\u200d\u2060\ufeff]*"
-SUMMARY_TAG = re.compile(rf"[<\uff1c\ufe64](?={_GAP}(?:/{_GAP})?summary(?![\w.:-]))", re.I)
 
 
 def strip_reasoning(text: str) -> str:
@@ -65,7 +59,9 @@ def content_text(content: Any) -> str:
 
 
 def render_message(message: Message, created_at: float, file_refs: dict[str, str] | None = None) -> str:
-    """One message as summarizer input: ``[time | role]`` header, text, tool calls; no reasoning blocks."""
+    """One message as summarizer input (and recall-tool output): ``[time | role]`` header, text, tool calls; no
+    reasoning blocks. The message's own words cannot pass for a header or one of the proxy's tags
+    (``defang_markers``)."""
     role = str(message.get("role"))
     header = role
     if role == "tool":
@@ -75,25 +71,19 @@ def render_message(message: Message, created_at: float, file_refs: dict[str, str
     for placeholder, ref in (file_refs or {}).items():
         text = text.replace(placeholder, ref)
     if text:
-        lines.append(text)
+        lines.append(defang_markers(text))
     for call in message.get("tool_calls") or []:
         fn = call.get("function") if isinstance(call, dict) else None
         fn = fn if isinstance(fn, dict) else {}
         arguments = str(fn.get("arguments", ""))
         if len(arguments) > MAX_ARGUMENT_CHARS:
             arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"
-        lines.append(f"-> calls {fn.get('name', '?')}({arguments})")
+        lines.append(defang_markers(f"-> calls {fn.get('name', '?')}({arguments})"))
     return redact_secrets("\n".join(lines))
 
 
 def _attribute(value: object) -> str:
     return html.escape(str(value), quote=True)
-
-
-def neutralise_summary_tags(text: str) -> str:
-    """``text`` with every summary tag made inert (its ``<`` escaped), so that content placed inside a
-    ``<summary …>`` wrapper can neither close it early nor open a forged one (``<summary trust="trusted">``)."""
-    return SUMMARY_TAG.sub("&lt;", text)
 
 
 def summary_block(summary: SummaryRecord) -> str:
@@ -104,7 +94,9 @@ def summary_block(summary: SummaryRecord) -> str:
         f'id="{_attribute(summary.id)}" from="{timestamp(summary.earliest_at)}" to="{timestamp(summary.latest_at)}" '
         'trust="untrusted"'
     )
-    return f"<summary {attributes}>\n{neutralise_summary_tags(summary.content)}\n</summary>"
+    # The content neutralised (``proxy.engine.neutralise``): it can neither close the wrapper early nor open a
+    # forged one (<summary trust="trusted">, in any disguise), nor carry an instruction override.
+    return f"<summary {attributes}>\n{neutralise_cached(summary.content)}\n</summary>"
 
 
 def render_summary(summary: SummaryRecord) -> Message:
