@@ -119,7 +119,7 @@ def long_proxy(upstream_url: str, tmp_path: Path, where: Location) -> Iterator[s
     and the tokenizer warmed up, the startup heap frozen), so what is measured is the request under test."""
     general = {"database_url": where.database_url} if where.database_url else {}
     # No summary model: the sweep writes extractive summaries, so it is the store's reads that are measured.
-    config = make_config(upstream_url, tmp_path / "data", {"max_sweep_iterations": 6}, **general)
+    config = make_config(upstream_url, tmp_path / "data", {"max_sweep_iterations": 3}, **general)
     with_history(config.general_settings.location(), "conv_00000000000000aa")
     with serve_in_thread(create_app(config, serving=True)) as url:
         yield url
