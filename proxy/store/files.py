@@ -24,7 +24,8 @@ only files older than ``PENDING_MAX_AGE`` count (no request holds its files that
 a row is deleted only inside a write transaction that re-checks the rows (a publish happens inside its rows'
 transaction, so none is half-done then); and a request that found its content already stored, before its
 transaction began, checks in that transaction that the file is still there and writes it again if it is not. A
-new process's first write also deletes the pending files of dead ones (all of them when it is alone). """
+new process's first write also deletes the pending files of dead ones (all of them when it is alone).
+"""
 
 from __future__ import annotations
 
