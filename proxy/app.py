@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import gc
@@ -22,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.config import ProxyConfig, load_config
+from proxy.doctor import collect_leftovers
 from proxy.engine.admin import AdminViews
 from proxy.engine.deletion import Retention
 from proxy.engine.engine import Budget, ContextEngine
@@ -33,6 +35,7 @@ from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
 from proxy.routing import ModelRouter, ResolvedModel, largest_margin, smallest_window, upstream_of
 from proxy.store.base import Blobs, Store
+from proxy.store.files import PENDING_MAX_AGE, FileStore
 from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
 from proxy.wire import routes
@@ -68,6 +71,7 @@ class AppState:
     tool_callers: set[str] = field(default_factory=set)  # model aliases seen making structured tool calls
     priority: Priority = field(init=False)  # chat requests before background summaries on local servers
     retention: Retention | None = None  # lcm_settings.retention_days: the background purge of idle conversations
+    collecting: asyncio.Task[list[str]] | None = None  # startup: leftover payload files of killed processes
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
         """The model's input window and where it came from: model_info, else LiteLLM's map, else the default.
@@ -171,6 +175,11 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         state.recall = RecallTools(state.store, state.files)
         state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
+        if isinstance(state.files, FileStore):
+            # In the background (readiness does not wait for it): files no row names, left by processes killed
+            # mid-request, older than any live worker's request can have been writing them.
+            grace = max(PENDING_MAX_AGE, config.general_settings.request_timeout)
+            state.collecting = asyncio.create_task(collect_leftovers(state.store, state.files, grace))
         if config.lcm_settings.retention_days is not None:
             state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
             state.retention.start()
@@ -193,6 +202,9 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         try:
             yield
         finally:
+            if state.collecting is not None:
+                state.collecting.cancel()
+                await asyncio.wait({state.collecting})
             if state.retention is not None:
                 await state.retention.stop()
             await state.engine.close()

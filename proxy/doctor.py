@@ -15,8 +15,12 @@ live fork still, and no context of its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ from proxy.store import Location
 from proxy.store.base import Blobs, Store
 from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore
 from proxy.store.records import ConversationRecord
+
+log = logging.getLogger("lcm_proxy.files")
 
 
 def _segment_problem(segment: Any) -> str | None:
@@ -142,33 +148,61 @@ def _amount(found: Sequence[DiskFile]) -> str:
     return f"{len(found)} ({sum(f.bytes for f in found):,} bytes)"
 
 
-async def leftover_files(store: Store, files: FileStore) -> tuple[list[DiskFile], list[DiskFile]]:
-    """(partial files, stored files no row names) that no running request can still be writing: all of them
-    when no process is writing payloads, else only those older than ``PENDING_MAX_AGE``."""
+@contextlib.contextmanager
+def _cutoff(files: FileStore, min_age: float | None) -> Iterator[float]:
+    """The mtime before which a leftover is surely no running request's: with ``min_age``, that long ago
+    (whatever the lock says: the startup collection, which must also be safe beside workers on other hosts
+    sharing the directory, where a lock may not reach); else anything while no process is writing payloads
+    (none can start until the block ends), or ``PENDING_MAX_AGE`` ago."""
+    if min_age is not None:
+        yield time.time() - min_age
+        return
     with files.alone() as alone:
-        cutoff = time.time() if alone else time.time() - PENDING_MAX_AGE
-        partial = [f for f in files.partial_files() if alone or f.mtime < cutoff]
+        yield math.inf if alone else time.time() - PENDING_MAX_AGE
+
+
+async def leftover_files(
+    store: Store, files: FileStore, min_age: float | None = None
+) -> tuple[list[DiskFile], list[DiskFile]]:
+    """(partial files, stored files no row names) that no running request can still be writing (``_cutoff``)."""
+    with _cutoff(files, min_age) as cutoff:
+        partial = [f for f in await asyncio.to_thread(files.partial_files) if f.mtime < cutoff]
         named = {path for _, path, _ in await store.search.all_files()}
-        unnamed = [f for f in files.stored_files() if f.relative not in named and (alone or f.mtime < cutoff)]
+        stored = await asyncio.to_thread(files.stored_files)
+        unnamed = [f for f in stored if f.relative not in named and f.mtime < cutoff]
     return partial, unnamed
 
 
-async def repair_files(store: Store, files: FileStore, batch: int = 200) -> list[str]:
+async def repair_files(store: Store, files: FileStore, batch: int = 200, *, min_age: float | None = None) -> list[str]:
     """Delete the leftovers ``leftover_files`` finds; one line per kind removed. A stored file is deleted only
-    in a write transaction that finds no row naming it (rows and their files are published together)."""
-    with files.alone() as alone:
-        cutoff = time.time() if alone else time.time() - PENDING_MAX_AGE
-        partial = [f for f in files.partial_files() if alone or f.mtime < cutoff]
-        partial = [f for f in partial if files.remove(f.relative)]  # no writer can start while we are alone
-    _, unnamed = await leftover_files(store, files)
+    in a write transaction that finds no row naming it (rows and their files are published together).
+    ``doctor --repair`` and the collection at startup (``collect_leftovers``, with ``min_age``)."""
+    with _cutoff(files, min_age) as cutoff:
+        partial = [f for f in await asyncio.to_thread(files.partial_files) if f.mtime < cutoff]
+        removed_partial = await asyncio.to_thread(lambda: [f for f in partial if files.remove(f.relative)])
+    _, unnamed = await leftover_files(store, files, min_age)
     removed: list[DiskFile] = []
     for start in range(0, len(unnamed), batch):
         chunk = unnamed[start : start + batch]
         async with store.write() as tx:
             named = await tx.known_file_paths([f.relative for f in chunk])
             removed += [f for f in chunk if f.relative not in named and files.remove(f.relative)]
-    lines = [f"deleted {_amount(partial)} partial file(s) left by interrupted writes"] if partial else []
+    lines = [f"deleted {_amount(removed_partial)} partial file(s) left by interrupted writes"] if removed_partial else []
     lines += [f"deleted {_amount(removed)} stored file(s) that no row named"] if removed else []
+    return lines
+
+
+async def collect_leftovers(store: Store, files: FileStore, min_age: float) -> list[str]:
+    """At startup, in the background: delete what processes killed mid-request left (``repair_files``) that is
+    older than ``min_age`` (longer than any request of a live worker can have been writing). Logged, counts
+    and sizes only; a failure is logged and left for the next start or ``doctor --repair``."""
+    try:
+        lines = await repair_files(store, files, min_age=min_age)
+    except Exception:  # (never the server's concern: it serves on)
+        log.exception("collecting leftover payload files failed")
+        return []
+    for line in lines:
+        log.info("leftover payload files: %s", line)
     return lines
 
 
@@ -230,4 +264,4 @@ async def run_repair(where: Path | Location) -> list[str]:
         await store.close()
 
 
-__all__ = ["check_database", "repair_files", "run_doctor", "run_repair"]
+__all__ = ["check_database", "collect_leftovers", "repair_files", "run_doctor", "run_repair"]

@@ -27,6 +27,7 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools
 from proxy.errors import ConfigError, ProxyError
 from proxy.store import Location
+from proxy.store.base import LONG_RANGE
 from proxy.store.records import ConversationRecord, SummaryRecord
 
 Confirm = Callable[[str], bool]  # asks the operator a yes/no question (``cli``: a prompt, or --yes)
@@ -114,10 +115,11 @@ class Operator:
             lines += ["", "summary DAG (active context, oldest first):", *dag]
         lines.append("")
         rows = []
-        for m in await self.store.read.messages(c.id):
-            flags = ("stub " if m.forward_json else "") + ("file " if m.payload_paths else "")
-            preview = " ".join(m.text.split())[:70]
-            rows.append([str(m.seq), m.role, str(m.token_count), flags.strip(), preview])
+        for start in range(0, c.message_count, LONG_RANGE):  # a page at a time
+            for m in await self.store.search.messages(c.id, start, start + LONG_RANGE):
+                flags = ("stub " if m.forward_json else "") + ("file " if m.payload_paths else "")
+                preview = " ".join(m.text.split())[:70]
+                rows.append([str(m.seq), m.role, str(m.token_count), flags.strip(), preview])
         lines.append(_table(rows, ["seq", "role", "tokens", "stored", "text"]))
         return "\n".join(lines)
 

@@ -5,7 +5,9 @@ Every lookup takes the caller's tenant; an id of another tenant is indistinguish
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -18,7 +20,11 @@ from proxy.engine.errors import NotFound
 from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
-from proxy.store.records import ConversationRecord
+from proxy.store.base import reads_for
+from proxy.store.records import ConversationRecord, MessageRecord
+
+MESSAGES_PAGE = 1000  # messages per page of ``GET /lcm/conversations/{id}/messages`` unless ``limit`` says
+MESSAGES_PAGE_MAX = 2000
 
 PROXY_ID = re.compile(r"conv_[0-9a-f]{16}")
 
@@ -28,6 +34,23 @@ def names_by_key(name: str) -> bool:
     is an id only: another tenant's id answers as an unknown one, even where a client once sent it as its
     own key (then its conversation is reached by its id)."""
     return PROXY_ID.fullmatch(name) is None
+
+
+def _messages_json(rows: Sequence[MessageRecord]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        message, files = view_message(row, stubbed=False)
+        out.append(
+            {
+                "id": f"msg_{row.id}",
+                "seq": row.seq,
+                "role": row.role,
+                "tokens": row.token_count,
+                "files": files,
+                "message": message,
+            }
+        )
+    return out
 
 
 def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
@@ -66,22 +89,18 @@ class AdminViews:
         context = await self.store.read.context_summaries(c.id)
         return {**_conversation_json(c), "context_summaries": [s.id for s in context]}
 
-    async def messages(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+    async def messages(
+        self, tenant: str, conversation_id: str, after: int | None = None, limit: int = MESSAGES_PAGE
+    ) -> dict[str, Any]:
+        """One page of the conversation's messages: those after seq ``after`` (from the first without it), at
+        most ``limit``; ``next`` is the ``after`` of the next page (None: this was the last). Read and built
+        off the event loop: a page of large messages is megabytes of JSON."""
         c = await self._conversation(tenant, conversation_id)
-        out = []
-        for row in await self.store.read.messages(c.id):
-            message, files = view_message(row, stubbed=False)
-            out.append(
-                {
-                    "id": f"msg_{row.id}",
-                    "seq": row.seq,
-                    "role": row.role,
-                    "tokens": row.token_count,
-                    "files": files,
-                    "message": message,
-                }
-            )
-        return {"data": out}
+        start = 0 if after is None else after + 1
+        end = min(c.message_count, start + limit)
+        rows = await self.store.search.messages(c.id, start, end) if start < end else []
+        out = await asyncio.to_thread(_messages_json, rows)
+        return {"data": out, "next": end - 1 if end < c.message_count else None}
 
     async def context(self, tenant: str, conversation_id: str) -> dict[str, Any]:
         """What the last request forwarded (instructions and the auto-recall block excluded), with token counts:
@@ -103,7 +122,9 @@ class AdminViews:
             }
             for s in summaries
         ]
-        costs = await self.store.read.raw_token_counts(c.id, upto, c.message_count, c.stubbed_upto)
+        costs = await reads_for(self.store, c.message_count - upto).raw_token_counts(
+            c.id, upto, c.message_count, c.stubbed_upto
+        )
         items += [
             {"kind": "message", "seq": upto + i, "tokens": cost, "sent": upto + i >= first_raw}
             for i, cost in enumerate(costs)

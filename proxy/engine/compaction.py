@@ -34,7 +34,7 @@ from proxy.engine.passes import SummaryWriter
 from proxy.engine.plan import Plan
 from proxy.engine.render import summary_tokens
 from proxy.engine.summarize import Guard, Summarizer, SummaryPreempted
-from proxy.store.base import Reads, Store
+from proxy.store.base import Reads, Store, reads_for
 from proxy.store.records import ConversationRecord, SummaryRecord
 
 TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of a long run of tool results
@@ -129,7 +129,7 @@ class Compactor:
     async def _tokens(
         self, conversation_id: str, summaries: Sequence[SummaryRecord], upto: int, stubbed_upto: int, count: int
     ) -> int:
-        raw = await self.store.read.raw_token_sum(conversation_id, upto, count, stubbed_upto)
+        raw = await reads_for(self.store, count - upto).raw_token_sum(conversation_id, upto, count, stubbed_upto)
         return summary_tokens(summaries) + raw
 
     async def tail_start(self, conversation_id: str, count: int, stubbed_upto: int, sizes: Sizes) -> int:
@@ -151,7 +151,8 @@ class Compactor:
     async def stub_step(self, plan: Plan, tail: int) -> bool:
         if plan.stubbed_upto >= tail:
             return False
-        patches = await self.store.read.patches(plan.conversation.id, plan.stubbed_upto, tail)
+        q = reads_for(self.store, tail - plan.stubbed_upto)
+        patches = await q.patches(plan.conversation.id, plan.stubbed_upto, tail)
         if not any(compact for _, _, compact in patches):
             return False
         plan.stubbed_upto = tail

@@ -32,7 +32,7 @@ from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import content_text, render_summaries
 from proxy.engine.summarize import SWEEP_MODE, Guard, Summarizer, Yielding
-from proxy.store.base import Blobs, Store
+from proxy.store.base import Blobs, Store, reads_for
 from proxy.store.records import ConversationRecord
 from proxy.types import Message, Messages
 
@@ -168,7 +168,7 @@ class ContextEngine:
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
         stubbed = min(conversation.stubbed_upto, count)
-        patches = await self.store.read.patches(conversation.id, view.upto, stubbed)
+        patches = await reads_for(self.store, stubbed - view.upto).patches(conversation.id, view.upto, stubbed)
         compact = {seq: c for seq, _, c in patches if c is not None}
         if not view.summaries and view.upto == 0 and not compact and view.tokens <= sizes.context:
             # Zero-cost continuity: the request's own list, untouched (nothing summarised, nothing stubbed).
@@ -231,8 +231,9 @@ class ContextEngine:
 
     async def _view(self, conversation: ConversationRecord, count: int, limit: int) -> View:
         summaries, upto = await self.compactor.view(conversation, count)
-        roles = await self.store.read.roles(conversation.id, upto, count)
-        costs = await self.store.read.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
+        q = reads_for(self.store, count - upto)  # raw messages as long as the history until a compaction
+        roles = await q.roles(conversation.id, upto, count)
+        costs = await q.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
         return View(summaries, upto, roles, costs, required_start(roles, costs, upto, count, limit) if costs else count)
 
     async def _record(self, conversation_id: str, sent: Sent, upto: int) -> None:

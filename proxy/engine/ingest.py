@@ -39,7 +39,7 @@ from proxy.engine.errors import ConversationBusy, NotFound
 from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
 from proxy.engine.summarize import Guard
-from proxy.store.base import BlobBatch, Blobs, Reads, Store, Writes
+from proxy.store.base import LONG_RANGE, BlobBatch, Blobs, Reads, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
 from proxy.types import Message, Messages
 
@@ -274,8 +274,9 @@ class Ingestor:
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
-        overrides = await self.store.read.forward_overrides(conversation_id, len(transcript))
-        forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
+        q = reads_for(self.store, len(transcript))  # every message of the transcript: off the loop when long
+        overrides = await q.forward_overrides(conversation_id, len(transcript))
+        forwarded_tokens, sent_tokens = await q.token_sums(conversation_id, len(transcript))
         instruction_tokens = tokens.count_messages(instructions)
         forwarded = list(instructions)
         changed = False
@@ -606,12 +607,13 @@ async def export_conversation(store: Store, files: Blobs, tenant: str | None, co
     if conversation is None:
         raise NotFound(f"no conversation {conversation_id}")
     out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
-    for record in await q.messages(conversation_id):
-        original = orjson.loads(record.original_json)
-        if record.payload_paths:
-            contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
-            original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
-        out.append(original)
+    for start in range(0, conversation.message_count, LONG_RANGE):  # a page at a time, off the event loop
+        for record in await store.search.messages(conversation_id, start, start + LONG_RANGE):
+            original = orjson.loads(record.original_json)
+            if record.payload_paths:
+                contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
+                original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
+            out.append(original)
     return out
 
 

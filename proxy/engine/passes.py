@@ -7,6 +7,7 @@ A pass changes only the sweep's working copy (``Plan``); ``Compactor.commit`` sw
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -38,8 +39,10 @@ from proxy.engine.summarize import (
     leaf_prompt,
     summarize,
 )
-from proxy.store.base import Store
+from proxy.store.base import LONG_RANGE, Store
 from proxy.store.records import MessageRecord, SummaryRecord
+
+LEAF_PAGE = 256  # messages: the first page of roles and costs a leaf pass reads (each next one twice as long)
 
 
 def new_summary_id() -> str:
@@ -62,31 +65,15 @@ class SummaryWriter:
         if start >= tail:
             return None
         conversation_id = plan.conversation.id
-        rows = await self.store.read.messages(conversation_id, start, tail)
-        limit = sizes.chunk_for(excess)
-        chunk: list[MessageRecord] = []
-        total = 0
-        for row in rows:
-            stubbed = row.compact_token_count is not None and row.seq < plan.stubbed_upto
-            cost = row.compact_token_count if stubbed and row.compact_token_count is not None else row.token_count
-            # Tool results always join their call's chunk: a cut between them would orphan one side.
-            if chunk and total + cost > limit and row.role not in ("tool", "function"):
-                break
-            chunk.append(row)
-            total += cost
-        if not thorough and total < min(sizes.leaf_target, sizes.leaf_chunk // 2):
+        end, total = await self._chunk_end(conversation_id, start, tail, sizes.chunk_for(excess), plan.stubbed_upto)
+        if end == start or (not thorough and total < min(sizes.leaf_target, sizes.leaf_chunk // 2)):
             return None
-        end = chunk[-1].seq + 1
-        rendered: list[str] = []
-        pairs: list[tuple[str, str]] = []  # (role, text) taken from the messages, not re-parsed from the rendering
-        file_ids: list[str] = []
-        for row in chunk:
-            message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
-            rendered.append(render_message(message, row.created_at))
-            pairs.append((row.role, redact_secrets(strip_reasoning(content_text(message.get("content"))))))
-            file_ids += [r for r in refs if r not in file_ids]
-        source = "\n\n".join(rendered)
-        facts = select_facts(extract_facts(pairs), sizes.leaf_target * 2 // 3)
+        # Only the chunk's rows are read whole (a stubbed row still holds its original), off the event loop.
+        chunk = await self.store.search.messages(conversation_id, start, end)
+        # Rendering, redaction and fact extraction cost what the chunk's text costs (a leaf chunk's worth of
+        # tokens: seconds for a large one): in a worker thread, so the event loop goes on serving meanwhile.
+        source, pairs, file_ids, facts = await asyncio.to_thread(leaf_material, chunk, sizes.leaf_target * 2 // 3)
+        source_tokens = await asyncio.to_thread(tokens.count_text, source)
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
         context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
         text = await self._write(
@@ -95,7 +82,7 @@ class SummaryWriter:
             facts,
             prompts=leaf_prompt,
             material=f"{context}<conversation>\n{source}\n</conversation>",
-            material_tokens=tokens.count_text(source),
+            material_tokens=source_tokens,
             target=sizes.leaf_target,
             timeout=self.settings.summary_timeout,
             kind="leaf",
@@ -124,6 +111,29 @@ class SummaryWriter:
         plan.summarized_upto = end
         plan.stubbed_upto = max(plan.stubbed_upto, end)
         return record
+
+    async def _chunk_end(
+        self, conversation_id: str, start: int, tail: int, limit: int, stubbed_upto: int
+    ) -> tuple[int, int]:
+        """(end, tokens) of the next leaf chunk ``[start, end)``: the oldest messages before ``tail`` up to
+        ``limit`` tokens (as assembled: compact forms where stubbed), a tool call's results always with it.
+        Read a page of roles and costs at a time, so a long history costs what the chunk costs, not what
+        the history does."""
+        q = self.store.read
+        end, total, page = start, 0, LEAF_PAGE
+        while end < tail:
+            stop = min(tail, end + page)
+            roles = await q.roles(conversation_id, end, stop)
+            costs = await q.raw_token_counts(conversation_id, end, stop, stubbed_upto)
+            for role, cost in zip(roles, costs, strict=True):
+                # Tool results always join their call's chunk: a cut between them would orphan one side.
+                if end > start and total + cost > limit and role not in ("tool", "function"):
+                    return end, total
+                end, total = end + 1, total + cost
+            if end < stop:
+                break  # fewer messages than the range names (none are missing in a sound store)
+            page = min(page * 2, LONG_RANGE)
+        return end, total
 
     async def _write(
         self,
@@ -154,8 +164,8 @@ class SummaryWriter:
             timeout=timeout,
             kind=kind,
         )
-        if text is None:
-            return SummaryText(f"{fallback()}\n{FALLBACK_MARKER}", 2, None)
+        if text is None:  # (a fallback reads the whole material: in a worker thread)
+            return SummaryText(f"{await asyncio.to_thread(fallback)}\n{FALLBACK_MARKER}", 2, None)
         content = f"{text.content}\n\n{block}" if block else text.content
         return SummaryText(content, text.escalation, text.model)
 
@@ -244,6 +254,22 @@ class SummaryWriter:
         plan.pending.append((record, [], [c.id for c in children]))
         plan.summaries[first : first + len(children)] = [record]
         return record
+
+
+def leaf_material(
+    chunk: Sequence[MessageRecord], fact_room: int
+) -> tuple[str, list[tuple[str, str]], list[str], list[Fact]]:
+    """(the rendered chunk, its (role, redacted text) pairs, the files it refers to, its facts within
+    ``fact_room`` tokens): what a leaf summary is written from. Pure, for a worker thread."""
+    rendered: list[str] = []
+    pairs: list[tuple[str, str]] = []  # (role, text) taken from the messages, not re-parsed from the rendering
+    file_ids: list[str] = []
+    for row in chunk:
+        message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
+        rendered.append(render_message(message, row.created_at))
+        pairs.append((row.role, redact_secrets(strip_reasoning(content_text(message.get("content"))))))
+        file_ids += [r for r in refs if r not in file_ids]
+    return "\n\n".join(rendered), pairs, file_ids, select_facts(extract_facts(pairs), fact_room)
 
 
 def fallback_room(sizes: Sizes) -> int:

@@ -122,8 +122,10 @@ class Reads(Protocol):
         ...
 
 
-class Searches(Protocol):
-    """Queries that may run long, off the request path's fast reads."""
+class Searches(Reads, Protocol):
+    """Queries that may run long, off the request path's fast reads; also every read of ``Reads``, for reads
+    whose size grows with a conversation's history (``reads_for``): SQLite runs these on a connection in a
+    thread of its own, so a long range never holds the event loop."""
 
     async def search_messages(
         self, conversation_id: str, phrases: Sequence[Phrase], before_seq: int, limit: int, *, max_chars: int = 1 << 30
@@ -177,6 +179,15 @@ class Searches(Protocol):
         end users' scopes (``proxy.scopes.end_users_of``; None: every tenant), oldest first: what a purge
         deletes."""
         ...
+
+
+LONG_RANGE = 2000  # rows: a read over more of a conversation's messages than this goes off the event loop
+
+
+def reads_for(store: Store, rows: int) -> Reads:
+    """Where to read ``rows`` messages' worth: the request path's fast reads for a short range, the
+    long-running door (off the event loop) for a range as long as a conversation's history may be."""
+    return store.search if rows > LONG_RANGE else store.read
 
 
 class Writes(Reads, Protocol):

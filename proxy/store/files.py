@@ -13,17 +13,18 @@ refer to the same content. Files are 0600 in 0700 folders. Reads resolve the pat
 leaves the files root, symlinks included: a path comes from the database, and a database is not trusted to
 be untampered.
 
-Leftovers: a process killed between writing a pending file and its request's end leaves that file behind,
-and one killed between publishing and committing leaves a stored file that no row names. Neither is ever
-read; ``lcm-proxy doctor`` reports them and ``doctor --repair`` deletes them. The rule that keeps this safe
-while a server runs: every process that writes payloads holds a shared lock on ``lcm.writers.lock`` from its
-first write until it exits (the kernel drops it when the process dies), so whoever gets the exclusive lock
-knows no write is in flight, and every leftover it finds is one. Without it, only files older than
-``PENDING_MAX_AGE`` count (no request holds its files that long). A stored file without a row is deleted only
-inside a write transaction that re-checks the rows (a publish happens inside its rows' transaction, so
-none is half-done then); and a request that found its content already stored, before its transaction
-began, checks in that transaction that the file is still there and writes it again if it is not. A new
-process's first write also deletes the pending files of dead ones (all of them when it is alone).
+Leftovers: a process killed between writing a pending file and its request's end leaves that file behind, and
+one killed between publishing and committing leaves a stored file that no row names. Neither is ever read;
+``lcm-proxy doctor`` reports them and ``doctor --repair`` deletes them, and every server start deletes those
+older than any request can have been writing them (``proxy.doctor.collect_leftovers``, in the background). The
+rule that keeps this safe while a server runs: every process that writes payloads holds a shared lock on
+``lcm.writers.lock`` from its first write until it exits (the kernel drops it when the process dies), so
+whoever gets the exclusive lock knows no write is in flight, and every leftover it finds is one. Without it,
+only files older than ``PENDING_MAX_AGE`` count (no request holds its files that long). A stored file without
+a row is deleted only inside a write transaction that re-checks the rows (a publish happens inside its rows'
+transaction, so none is half-done then); and a request that found its content already stored, before its
+transaction began, checks in that transaction that the file is still there and writes it again if it is not. A
+new process's first write also deletes the pending files of dead ones (all of them when it is alone).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.errors import InvalidRequestError, PermissionDeniedError
 from proxy.scopes import user_scope
 from proxy.wire.auth import request_user
@@ -75,7 +76,11 @@ async def conversation(request: Request, state: AppState, tenant: str) -> dict[s
 
 
 async def messages(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
-    return await state.admin.messages(tenant, request.path_params["id"])
+    """A page of messages: ``?after=SEQ`` (those after it) and ``?limit=N``; the answer's ``next`` is the
+    ``after`` of the next page."""
+    after = _int_param(request, "after", None, 0, 2**62)
+    limit = _int_param(request, "limit", MESSAGES_PAGE, 1, MESSAGES_PAGE_MAX) or MESSAGES_PAGE
+    return await state.admin.messages(tenant, request.path_params["id"], after, limit)
 
 
 async def context(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
