@@ -118,6 +118,9 @@ class GeneralSettings(_Strict):
     # LiteLLM's drop_params: parameters a provider does not support are dropped by LiteLLM, not refused.
     drop_params: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Seconds a request body has to arrive in full once the handler starts reading it; past that the request
+    # is answered 408 and its connection let go (a client that trickles its upload holds no slot for long).
+    body_read_timeout: float = Field(default=60.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
     # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:
