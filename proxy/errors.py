@@ -120,6 +120,9 @@ class RequestTimeoutError(ProxyError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+    # The rest of the body may still be on its way: the answer closes the connection, or a client that goes on
+    # trickling would keep it (every byte it sends resets the server's keep-alive timer).
+    close_connection = True
 
 
 class UnsupportedMediaTypeError(ProxyError):

@@ -43,28 +43,31 @@ class Trickle:
             except OSError:
                 return  # the server closed the connection
 
-    def response(self) -> tuple[int, dict[str, Any]]:
+    def response(self) -> tuple[int, list[bytes], dict[str, Any]]:
+        """The status, the header lines and the JSON body of the answer, read until the server closes the
+        connection (it must: the rest of the body would otherwise keep it open)."""
         data = b""
         try:
-            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    break
+            while chunk := self.sock.recv(65536):
                 data += chunk
+                if data.rstrip().endswith(b"}"):
+                    self.answered.set()  # the client stops dripping once answered
         finally:
             self.answered.set()
             self.thread.join()
             self.sock.close()
         head, _, body = data.partition(b"\r\n\r\n")
-        return int(head.split(b" ", 2)[1]), orjson.loads(body)
+        status_line, *lines = head.split(b"\r\n")
+        return int(status_line.split(b" ", 2)[1]), [line.lower() for line in lines], orjson.loads(body)
 
 
 def check_timed_out(proxy: RunningProxy, fake: FakeUpstream, path: str, content_type: str, start: bytes) -> None:
     trickle = Trickle(proxy.url, path, content_type, start)
     # While the upload trickles, the server answers others.
     assert httpx.get(f"{proxy.url}/healthz", timeout=10).status_code == 200
-    status, body = trickle.response()
+    status, lines, body = trickle.response()
     assert status == 408, body
+    assert b"connection: close" in lines
     assert body["error"]["code"] == "request_timeout" and body["error"]["type"] == "invalid_request_error"
     assert str(TIMEOUT) in body["error"]["message"]
     assert fake.requests == []  # nothing was forwarded

@@ -80,6 +80,8 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     retry_after = getattr(error, "retry_after", None)  # seconds, on errors that know when a retry can succeed
     if retry_after is not None:
         headers.setdefault("retry-after", str(retry_after))
+    if getattr(error, "close_connection", False):  # a request whose body was not read to its end
+        headers["connection"] = "close"
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
 
 
