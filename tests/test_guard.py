@@ -246,3 +246,16 @@ def test_multipart_stays_where_openai_takes_it(proxy: RunningProxy, fake_upstrea
     embeddings = httpx.post(f"{proxy.base_url}/embeddings", files={"input": ("a.txt", b"hi")}, timeout=20)
     error(embeddings, 415, "unsupported_media_type")
     assert fake_upstream.requests == []
+
+
+def test_lcm_routes_refuse_forms_and_text_too(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    conversation = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, timeout=20)
+    conversation_id = conversation.headers["x-lcm-conversation-id"]
+    url = f"{proxy.url}/lcm/conversations/{conversation_id}"
+    error(httpx.post(f"{url}/compact", data={"x": "1"}, timeout=20), 415, "unsupported_media_type")
+    plain = httpx.request("DELETE", url, content=b"x", headers={"content-type": "text/plain"}, timeout=20)
+    error(plain, 415, "unsupported_media_type")
+    assert stored(proxy) == [conversation_id]
+    # Without a body (curl -X DELETE, curl -X POST), as ever.
+    assert httpx.post(f"{url}/compact", timeout=60).status_code == 200
+    assert httpx.delete(url, timeout=20).status_code == 200 and stored(proxy) == []
