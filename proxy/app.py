@@ -42,6 +42,7 @@ from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.cors import cors_middleware
+from proxy.wire.guard import RequestGuard
 from proxy.wire.http import error_response, reported_error
 from proxy.wire.passthrough import PASSTHROUGH_ROUTES
 from proxy.wire.shutdown import AnswerOnShutdown
@@ -49,6 +50,7 @@ from proxy.wire.shutdown import AnswerOnShutdown
 log = logging.getLogger("lcm_proxy")
 
 CONFIG_ENV = "LCM_PROXY_CONFIG"
+BIND_HOST_ENV = "LCM_PROXY_BIND_HOST"  # the address ``lcm-proxy serve`` bound, for its worker processes
 
 
 @functools.cache
@@ -152,9 +154,11 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(InternalError("Internal error in lcm-proxy. The request was not forwarded."))
 
 
-def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
+def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | None = None) -> Starlette:
     """``serving``: this process exists to serve the app (``lcm-proxy serve``), so it may warm LiteLLM up and
-    freeze its startup heap; tests that build many apps in one process leave it off."""
+    freeze its startup heap; tests that build many apps in one process leave it off. ``bind_host``: the address
+    the server listens on, when the caller knows it (``proxy.wire.guard``: any Host is served on a non-loopback
+    bind when ``allowed_hosts`` is unset)."""
     state = AppState(
         config=config,
         router=ModelRouter(
@@ -226,7 +230,16 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
             EngineError: reported_error,
             Exception: _internal_error,
         },
-        middleware=[*cors_middleware(config.general_settings.cors_allow_origins), Middleware(AnswerOnShutdown)],
+        middleware=[
+            *cors_middleware(config.general_settings.cors_allow_origins),
+            Middleware(
+                RequestGuard,
+                allowed_hosts=config.general_settings.allowed_hosts,
+                cors_allow_origins=config.general_settings.cors_allow_origins,
+                bind_host=bind_host or config.general_settings.host,
+            ),
+            Middleware(AnswerOnShutdown),
+        ],
         lifespan=lifespan,
     )
     app.state.lcm = state
@@ -237,4 +250,4 @@ def app_from_environment() -> Starlette:
     """Factory for ``uvicorn --factory`` and multi-worker serving: the config path comes from the env."""
     config = load_config(os.environ[CONFIG_ENV])
     configure_serving_logs(config)  # a worker process: the logging ``lcm-proxy serve`` set up in its parent
-    return create_app(config, serving=True)
+    return create_app(config, serving=True, bind_host=os.environ.get(BIND_HOST_ENV))

@@ -35,6 +35,7 @@ from proxy.store import Location
 
 ENV_PREFIX = "os.environ/"
 LOOPBACK_HOST = "127.0.0.1"
+HOST_ENTRY = re.compile(r"\*|\.?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?|\[?[0-9a-f:.]*:[0-9a-f:.]*\]?", re.IGNORECASE)
 ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9_.~-]+)(:[0-9]{1,5})?", re.IGNORECASE)
 
 
@@ -135,11 +136,18 @@ class GeneralSettings(_Strict):
     # LiteLLM's drop_params: parameters a provider does not support are dropped by LiteLLM, not refused.
     drop_params: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Seconds a request body has to arrive in full once the handler starts reading it; past that the request
+    # is answered 408 and its connection let go (a client that trickles its upload holds no slot for long).
+    body_read_timeout: float = Field(default=60.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
     # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:
     # CORS is off and no response carries a CORS header (``proxy.wire.cors``).
     cors_allow_origins: list[str] = []
+    # The Host names the proxy answers to (``proxy.wire.guard``): host names or IP addresses, any port; a leading
+    # dot takes a domain and its subdomains; "*" any. Loopback names and addresses are always served. None: on a
+    # loopback bind only those (a page's DNS-rebound name is refused), on a non-loopback bind any.
+    allowed_hosts: list[str] | None = None
 
     @field_validator("model_group_alias", mode="before")
     @classmethod
@@ -165,6 +173,17 @@ class GeneralSettings(_Strict):
                     " trailing slash) or '*'"
                 )
         return [origin.lower() for origin in origins]  # browsers send scheme and host in lower case
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str] | None) -> list[str] | None:
+        for index, host in enumerate(hosts or []):
+            if not HOST_ENTRY.fullmatch(host):
+                raise ValueError(
+                    f"entry {index} ({host!r}) is not a host name: expected a name or an IP address (no scheme,"
+                    " port or path), '.example.com' for a domain and its subdomains, or '*'"
+                )
+        return None if hosts is None else [host.lower() for host in hosts]
 
     @field_validator("log_level", mode="before")
     @classmethod

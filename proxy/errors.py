@@ -11,9 +11,12 @@ which knows nothing of HTTP) in ``proxy.wire.http.to_proxy_error``, YAML's in ``
     ├── InvalidRequestError          400: the request is malformed; ``param`` names the culprit
     │   └── ContextLengthExceeded    400: the newest user message and what follows do not fit the model
     ├── AuthenticationError          401: missing or unknown proxy API key
-    ├── PermissionDeniedError        403: a valid key asking for what it may not (another tenant's data)
+    ├── PermissionDeniedError        403: a valid key asking for what it may not (another tenant's data); a
+    │                                     Host or a cross-site Origin the proxy does not serve (``proxy.wire.guard``)
     ├── NotFoundError                404: unknown model, conversation, summary or file
+    ├── RequestTimeoutError          408: the body did not arrive within ``general_settings.body_read_timeout``
     ├── PayloadTooLargeError         413: body over ``general_settings.max_body_bytes``
+    ├── UnsupportedMediaTypeError    415: a body that is not JSON on a JSON endpoint (``proxy.wire.guard``)
     ├── ConversationBusyError        409: concurrent requests kept changing the conversation; retry
     ├── StoreBusyError               503: the database stayed locked by another process; retry
     ├── ShuttingDownError            503: the server stopped before the request's answer began; retry
@@ -31,7 +34,7 @@ from typing import Any
 
 # Statuses for which retrying the same request cannot succeed. Responses with these carry
 # ``x-should-retry: false`` so that OpenAI SDKs do not resend them behind the user's back.
-NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422, 501})
+NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 415, 422, 501})
 
 
 class ProxyError(Exception):
@@ -109,6 +112,23 @@ class PayloadTooLargeError(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestTimeoutError(ProxyError):
+    """The request body did not arrive in full in time. Retryable: a client on a briefly slow link may try again."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    # The rest of the body may still be on its way: the answer closes the connection, or a client that goes on
+    # trickling would keep it (every byte it sends resets the server's keep-alive timer).
+    close_connection = True
+
+
+class UnsupportedMediaTypeError(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class ConversationBusyError(ProxyError):

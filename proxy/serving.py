@@ -30,6 +30,7 @@ log = logging.getLogger("lcm_proxy")
 # stalled machine; a worker that is really hung is still replaced, later.
 WORKER_HEALTHCHECK_SECONDS = 30
 CONFIG_ENV = "LCM_PROXY_CONFIG"  # where worker processes find the config (``proxy.app.app_from_environment``)
+BIND_HOST_ENV = "LCM_PROXY_BIND_HOST"  # and the address bound (``proxy.wire.guard``)
 
 
 class ProxyUvicornConfig(uvicorn.Config):
@@ -99,6 +100,7 @@ def serve(config: ProxyConfig, config_path: str, host: str, port: int, workers: 
     if workers > 1:
         # Workers are separate processes: they build the app from the config file named in the environment.
         os.environ[CONFIG_ENV] = config_path
+        os.environ[BIND_HOST_ENV] = host
         if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:
             common["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
         uv_config = ProxyUvicornConfig("proxy.app:app_from_environment", factory=True, workers=workers, **common)
@@ -114,7 +116,7 @@ def serve(config: ProxyConfig, config_path: str, host: str, port: int, workers: 
 
     from proxy.app import create_app
 
-    server = _Server(ProxyUvicornConfig(create_app(config, serving=True), **common), config_path)
+    server = _Server(ProxyUvicornConfig(create_app(config, serving=True, bind_host=host), **common), config_path)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C: uvicorn has shut down cleanly already
         server.run()
     return 0 if server.started else 1

@@ -98,6 +98,20 @@ def test_the_header_names_the_user_over_the_body(proxy: RunningProxy) -> None:
     assert listed(proxy, ACME_KEY, user="carol") == []
 
 
+def test_an_empty_user_header_leaves_the_body_user_in_charge(proxy: RunningProxy) -> None:
+    # A client (or a gateway filling a header template) that sends X-LCM-User with no value names nobody: the
+    # body's ``user`` still applies, as when the header is absent, and nothing is filed under the tenant.
+    opening = [{"role": "user", "content": OPENING}]
+    _, grace = chat(proxy, ACME_KEY, opening, user="grace", extra_headers={"x-lcm-user": ""})
+    assert listed(proxy, ACME_KEY, user="grace") == [grace]
+    assert listed(proxy, ACME_KEY) == []
+    # The admin views read it the same way: an empty header leaves ``?user=`` in charge.
+    response = httpx.get(
+        f"{proxy.url}/lcm/conversations", params={"user": "grace"}, headers={**bearer(ACME_KEY), "x-lcm-user": ""}
+    )
+    assert response.status_code == 200 and [c["id"] for c in response.json()["data"]] == [grace]
+
+
 def test_the_same_user_id_in_two_tenants_is_two_scopes(proxy: RunningProxy) -> None:
     opening = [{"role": "user", "content": OPENING}]
     _, acme = chat(proxy, ACME_KEY, opening, user="erin")

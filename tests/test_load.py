@@ -52,7 +52,7 @@ def test_client_hanging_up_mid_body_is_not_a_proxy_error(proxy: RunningProxy, ca
     body = b'{"model": "test-model", "messages": [{"role": "user", "content": "' + b"x" * 50_000 + b'"}]}'
     with socket.create_connection((address.hostname, address.port)) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:1000])
         )
     assert not wait_for(lambda: any(r.levelno >= logging.ERROR for r in caplog.records), timeout=1.0)

@@ -179,7 +179,7 @@ def test_an_answer_to_an_earlier_request_does_not_replace_the_answer_to_a_later_
     with socket.create_connection((address.hostname or "127.0.0.1", address.port or 80)) as x:
         # X: the headers and all of the body but its last byte.
         x.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:-1])
         )
         # R: the retry, answered at once.
@@ -207,7 +207,7 @@ def test_the_answer_of_a_client_that_hung_up_is_not_stored(
     address = urlsplit(proxy.url)
     with socket.create_connection((address.hostname or "127.0.0.1", address.port or 80)) as x:
         x.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         for _ in range(1000):  # until the upstream has it (a bounded wait on a condition)

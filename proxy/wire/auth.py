@@ -42,11 +42,12 @@ def checked_user(value: object, param: str) -> str | None:
 
 
 def request_user(request: Request, body_user: object = None) -> str | None:
-    """The end user a request names: the ``X-LCM-User`` header, else the body's ``user`` field."""
-    header = request.headers.get(USER_HEADER)
-    if header is not None:
-        return checked_user(header.strip(), USER_HEADER)
-    return checked_user(body_user, "user")
+    """The end user a request names: the ``X-LCM-User`` header, else the body's ``user`` field. A header with
+    no value (empty or blanks, as a gateway filling a template with an unset variable sends it) names nobody,
+    as an empty ``user`` does: the body's ``user`` still applies, instead of the request silently landing in
+    the tenant's own scope."""
+    header = checked_user(request.headers.get(USER_HEADER), USER_HEADER)
+    return header if header is not None else checked_user(body_user, "user")
 
 
 class Authenticator:

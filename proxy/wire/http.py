@@ -7,11 +7,13 @@ import asyncio
 import json
 import json.scanner
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Message
 
 from proxy.engine import errors as engine
 from proxy.errors import (
@@ -22,6 +24,7 @@ from proxy.errors import (
     NotFoundError,
     PayloadTooLargeError,
     ProxyError,
+    RequestTimeoutError,
     StoreBusyError,
     UpstreamError,
 )
@@ -77,22 +80,53 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     retry_after = getattr(error, "retry_after", None)  # seconds, on errors that know when a retry can succeed
     if retry_after is not None:
         headers.setdefault("retry-after", str(retry_after))
+    if getattr(error, "close_connection", False):  # a request whose body was not read to its end
+        headers["connection"] = "close"
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
 
 
-async def read_json_body(request: Request, limit: int) -> Any:
-    """Read and parse the body, refusing more than ``limit`` bytes before buffering them."""
-    declared = request.headers.get("content-length")
-    too_large = PayloadTooLargeError(f"Request body is larger than the configured limit of {limit} bytes.")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
+def too_large(limit: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"Request body is larger than the configured limit of {limit} bytes.")
+
+
+def bounded_receive(
+    receive: Callable[[], Awaitable[Message]], limit: int, seconds: float
+) -> Callable[[], Awaitable[Message]]:
+    """``receive`` that refuses more than ``limit`` body bytes as they arrive (413), and a body that is not
+    complete ``seconds`` after the first read (408): a total, so a client trickling a byte at a time holds its
+    connection no longer than one that sends nothing."""
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
+    deadline: float | None = None
+
+    async def bounded() -> Message:
+        nonlocal size, deadline
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + seconds
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"The request body did not arrive within {seconds:g} seconds (general_settings.body_read_timeout)."
+            ) from None
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
             if size > limit:
-                raise too_large
+                raise too_large(limit)
+        return message
+
+    return bounded
+
+
+async def read_json_body(request: Request, limit: int, timeout: float) -> Any:
+    """Read and parse the body, refusing more than ``limit`` bytes before buffering them, and a body that has
+    not arrived in full within ``timeout`` seconds."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    try:
+        async for chunk in Request(request.scope, bounded_receive(request.receive, limit, timeout)).stream():
             chunks.append(chunk)
     except ClientDisconnect:
         # The client hung up mid-upload (its own timeout): nobody reads the answer, and it is not a proxy bug.

@@ -56,7 +56,8 @@ async def _prepared(request: Request, endpoint: Endpoint) -> tuple[AppState, Res
     """Authenticated, read within the size cap, checked and routed: the call's target and arguments."""
     state = state_of(request)
     state.auth.tenant_for(request)  # an AuthenticationError is answered by the application's handler
-    body = await read_json_body(request, state.config.general_settings.max_body_bytes)
+    settings = state.config.general_settings
+    body = await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
     if not isinstance(body, dict):
         raise InvalidRequestError(f"The request body must be a JSON object, got {kind(body)}.", code="invalid_body")
     check_depth(body)

@@ -11,17 +11,15 @@ called; nothing is stored or logged. Form fields arrive as strings and are forwa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import Message
 
-from proxy.errors import InvalidRequestError, PayloadTooLargeError
-from proxy.wire.http import JSONResponse
+from proxy.errors import InvalidRequestError
+from proxy.wire.http import JSONResponse, bounded_receive, too_large
 from proxy.wire.passthrough_shapes import Endpoint, invalid, kind, route, state_of, text, unreadable, wire_json
 
 MAX_FIELDS = 100
@@ -31,42 +29,23 @@ MAX_IMAGES = 16  # OpenAI's limit for one edit; a mask comes on top
 Upload = tuple[str, bytes, str]  # (filename, content, content type), as LiteLLM and the OpenAI SDK take a file
 
 
-def _too_large(limit: int) -> PayloadTooLargeError:
-    return PayloadTooLargeError(f"Request body is larger than the configured limit of {limit} bytes.")
-
-
-def _capped(receive: Callable[[], Awaitable[Message]], limit: int) -> Callable[[], Awaitable[Message]]:
-    """``receive`` that refuses more than ``limit`` body bytes as they arrive."""
-    size = 0
-
-    async def capped() -> Message:
-        nonlocal size
-        message = await receive()
-        if message["type"] == "http.request":
-            size += len(message.get("body", b""))
-            if size > limit:
-                raise _too_large(limit)
-        return message
-
-    return capped
-
-
 async def _value(value: str | UploadFile) -> str | Upload:
     if isinstance(value, str):
         return value
     return (value.filename or "upload", await value.read(), value.content_type or "application/octet-stream")
 
 
-async def read_form(request: Request, limit: int, max_files: int) -> dict[str, Any]:
-    """The multipart body's fields: strings, uploads, and lists of either for ``name[]`` fields."""
+async def read_form(request: Request, limit: int, timeout: float, max_files: int) -> dict[str, Any]:
+    """The multipart body's fields: strings, uploads, and lists of either for ``name[]`` fields. The body is
+    refused past ``limit`` bytes (413) or ``timeout`` seconds (408), from inside the parser's reads."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise InvalidRequestError(
             "The request body must be multipart/form-data on this endpoint.", code="invalid_content_type"
         )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    capped = Request(request.scope, _capped(request.receive, limit))
+        raise too_large(limit)
+    capped = Request(request.scope, bounded_receive(request.receive, limit, timeout))
     fields: dict[str, Any] = {}
     try:
         async with capped.form(max_files=max_files, max_fields=MAX_FIELDS, max_part_size=MAX_FIELD_BYTES) as form:
@@ -142,7 +121,8 @@ async def translations(request: Request) -> Response:
 async def _audio_text(request: Request, endpoint: Endpoint) -> Response:
     state = state_of(request)
     state.auth.tenant_for(request)  # before reading the upload
-    fields = await read_form(request, state.config.general_settings.max_body_bytes, max_files=1)
+    settings = state.config.general_settings
+    fields = await read_form(request, settings.max_body_bytes, settings.body_read_timeout, max_files=1)
     target = route(state, fields)
     # OpenAI's default, said out loud: LiteLLM would ask for verbose_json (for its cost tracking), which
     # changes the answer and which gpt-4o-transcribe refuses.
@@ -161,7 +141,8 @@ async def _audio_text(request: Request, endpoint: Endpoint) -> Response:
 async def image_edits(request: Request) -> Response:
     state = state_of(request)
     state.auth.tenant_for(request)
-    fields = await read_form(request, state.config.general_settings.max_body_bytes, max_files=MAX_IMAGES + 1)
+    settings = state.config.general_settings
+    fields = await read_form(request, settings.max_body_bytes, settings.body_read_timeout, max_files=MAX_IMAGES + 1)
     target = route(state, fields)
     arguments = IMAGE_EDITS.arguments(fields)
     no_other_files(arguments)

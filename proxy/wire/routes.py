@@ -159,7 +159,8 @@ async def chat_completions(request: Request) -> Response:
     arrived = time.time()
     try:
         tenant = state.auth.tenant_for(request)
-        body = validate_chat_request(await read_json_body(request, state.config.general_settings.max_body_bytes))
+        settings = state.config.general_settings
+        body = validate_chat_request(await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout))
         scope = user_scope(tenant, request_user(request, body.get("user")))  # the end user's, when it names one
         call = _Call(state, scope, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
         call.gone = request.is_disconnected
