@@ -118,6 +118,9 @@ class GeneralSettings(_Strict):
     # LiteLLM's drop_params: parameters a provider does not support are dropped by LiteLLM, not refused.
     drop_params: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # The most a relayed upstream answer (embeddings) may be: a larger one is a 502 naming the model. OpenAI's
+    # largest (2,048 inputs x 3,072 floats) is ~130 MB of JSON; the proxy relays it in chunks, never whole.
+    max_upstream_response_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
     # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:

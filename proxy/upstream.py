@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from proxy.balancer import Balancer, backoff, switch_line, switchable
 from proxy.config import GeneralSettings
@@ -59,6 +60,7 @@ from proxy.upstream_params import (
     TRANSLATED_PARAMS,
     call_credentials,
 )
+from proxy.upstream_relay import EMBEDDING_FIELDS, Relayed, not_json, relay, relayable
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
 
@@ -277,6 +279,8 @@ class Upstream:
         while True:
             try:
                 with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
+                    if function == "aembedding":
+                        return await self._embedding(kwargs, upstream)
                     if function in OPENAI_CALLS:
                         return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
@@ -322,6 +326,34 @@ class Upstream:
             return {**kwargs, **arguments}, timeout
 
         return await self._call(target, build, function, opened)
+
+    async def _embedding(self, kwargs: dict[str, Any], upstream: str) -> Relayed | bytes:
+        """Embeddings, never parsed on the event loop (``proxy.upstream_relay``): relayed as the upstream sends
+        them from an OpenAI-compatible deployment, else LiteLLM's synchronous call and its answer's JSON in a
+        worker thread."""
+        if _is_passthrough(kwargs) and relayable(kwargs, EMBEDDING_FIELDS):
+            model, provider, key, base = self._litellm.get_llm_provider(
+                model=kwargs["model"], custom_llm_provider=kwargs.get("custom_llm_provider"),
+                api_base=kwargs.get("api_base"),
+            )  # fmt: skip
+            key = kwargs.get("api_key") or key
+            if provider == "openai":  # LiteLLM's defaults for OpenAI itself
+                base = base or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+                base = base or "https://api.openai.com/v1"
+                key = key or os.environ.get("OPENAI_API_KEY")
+            if base and key:
+                limit = self._settings.max_upstream_response_bytes
+                return await relay("/embeddings", kwargs, model, base, key, EMBEDDING_FIELDS, limit, upstream)
+        return await asyncio.to_thread(self._embedding_json, kwargs, upstream)
+
+    def _embedding_json(self, kwargs: dict[str, Any], upstream: str) -> bytes:
+        result = self._litellm.embedding(**kwargs)
+        dump = getattr(result, "model_dump", None)
+        # warnings off: LiteLLM types an embedding as floats, and a base64 one (the SDK's default) makes pydantic warn
+        data = dump(exclude_none=True, warnings=False) if callable(dump) else None
+        if not isinstance(data, dict):
+            raise not_json(upstream)
+        return orjson.dumps(data)
 
     async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
         """A call LiteLLM has no function for (``proxy.upstream_openai``), to an OpenAI-compatible provider."""

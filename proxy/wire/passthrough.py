@@ -31,8 +31,10 @@ from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_err
 from proxy.wire.passthrough_shapes import (
     Endpoint,
     check_depth,
+    embedding_inputs,
     invalid,
     kind,
+    relayed_response,
     route,
     state_of,
     text,
@@ -72,7 +74,7 @@ async def _answered(request: Request, endpoint: Endpoint) -> Response:
 # --- the endpoints -----------------------------------------------------------------------------------------
 
 EMBEDDINGS = Endpoint(
-    "aembedding", {"input": texts_or_tokens}, frozenset({"dimensions", "encoding_format", "user"}),
+    "aembedding", {"input": embedding_inputs}, frozenset({"dimensions", "encoding_format", "user"}),
     allowed=frozenset({"dimensions"}),
 )  # fmt: skip
 COMPLETIONS = Endpoint(
@@ -99,7 +101,10 @@ IMAGE_GENERATIONS = Endpoint(
 
 
 async def embeddings(request: Request) -> Response:
-    return await _answered(request, EMBEDDINGS)
+    """Relayed without being parsed (``proxy.upstream_relay``): the upstream's bytes, or LiteLLM's answer
+    serialised in a worker thread."""
+    state, target, arguments = await _prepared(request, EMBEDDINGS)
+    return relayed_response(await state.upstream.call(EMBEDDINGS.function, target, arguments))
 
 
 async def moderations(request: Request) -> Response:

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from proxy.errors import InvalidRequestError, UpstreamError
 from proxy.routing import ResolvedModel
 from proxy.upstream import describe_upstream
+from proxy.upstream_relay import Relayed
 from proxy.wire.validation import MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -62,6 +64,23 @@ def texts_or_tokens(value: Any, param: str) -> None:
             return
     got = "an empty array" if value == [] else kind(value) if not isinstance(value, list) else "a mixed array"
     raise invalid(param, f"expected a string, an array of strings, of token ids or of token id arrays, got {got}.")
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
+
+
+def embedding_inputs(value: Any, param: str) -> None:
+    """Embeddings' ``input``, at most ``MAX_EMBEDDING_INPUTS`` of them (strings or token id arrays; one array
+    of token ids is one input), refused as OpenAI refuses more: before any upstream call, so a request of
+    millions of inputs never makes the upstream answer millions of vectors."""
+    texts_or_tokens(value, param)
+    if isinstance(value, list) and not _is_int(value[0]) and len(value) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequestError(
+            f"Invalid '{param}': array too long. Expected an array with maximum length {MAX_EMBEDDING_INPUTS},"
+            f" but got an array with length {len(value)} instead.",
+            param=param,
+            code="array_above_max_length",
+        )
 
 
 def texts_or_parts(value: Any, param: str) -> None:
@@ -151,6 +170,14 @@ def unreadable(target: ResolvedModel, what: str) -> UpstreamError:
     return UpstreamError(
         f"{_capital(describe_upstream(target))} sent {what}.", status=502, code="upstream_bad_response"
     )
+
+
+def relayed_response(answer: Relayed | bytes) -> Response:
+    """An answer the upstream layer did not parse: relayed as it arrives, or JSON serialised off the loop."""
+    if isinstance(answer, bytes):
+        return Response(answer, media_type="application/json")
+    headers = {"content-length": str(answer.length)} if answer.length is not None else None
+    return StreamingResponse(answer.chunks, status_code=answer.status, media_type=answer.media_type, headers=headers)
 
 
 def wire_json(result: Any, target: ResolvedModel) -> dict[str, Any]:

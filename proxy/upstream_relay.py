@@ -1,0 +1,175 @@
+"""Embeddings without parsing them: the upstream's answer relayed as it came, within a byte cap.
+
+An OpenAI-sized batch (2,048 inputs x 1,536 floats) is 65 MB of JSON. LiteLLM and the OpenAI SDK parse it into
+Python objects on the event loop (5.7 s in which nothing else runs, several GB of objects for larger answers),
+only for the proxy to serialise it again. The proxy need not read it:
+
+* to an OpenAI-compatible deployment whose call needs nothing LiteLLM adds (``relayable``), the request is
+  sent with httpx exactly as the OpenAI SDK would send it (the client's fields, ``extra_body`` merged last,
+  the deployment's key and extra headers), and the answer's bytes are streamed to the client chunk by chunk
+  (``Relayed``), never held whole: an answer declared or found larger than ``max_upstream_response_bytes``
+  is a 502 naming the model;
+* to any other provider, LiteLLM's synchronous call and the serialisation of its answer run in a worker
+  thread (``Upstream._embedding``).
+
+An error answer is read up to ``ERROR_BODY_BYTES``; its JSON is parsed in a worker thread and becomes an
+exception that ``proxy.upstream_errors.translate_exception`` reads as it reads the OpenAI SDK's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.errors import UpstreamError
+from proxy.upstream_errors import ERROR_BODY_BYTES, capital
+
+CHUNK_BYTES = 1 << 16
+# litellm_params a relayed call honours; a deployment with any other (api_version, organization, aws_...) is
+# called through LiteLLM, which knows what they mean.
+RELAYABLE_PARAMS = frozenset(
+    {"model", "api_base", "api_key", "custom_llm_provider", "extra_headers", "headers", "timeout", "max_retries",
+     "num_retries", "drop_params", "stream", "client"}
+)  # fmt: skip
+NOT_BODY = frozenset({"extra_body", "allowed_openai_params"})
+# The client's fields of an embeddings call (``proxy.wire.passthrough.EMBEDDINGS``).
+EMBEDDING_FIELDS = frozenset({"input", "dimensions", "encoding_format", "user", "extra_body", "allowed_openai_params"})
+
+
+def relayable(kwargs: Mapping[str, Any], call_fields: frozenset[str]) -> bool:
+    """Whether a relayed call can honour every deployment parameter ``kwargs`` carries (``call_fields`` are the
+    client's, which go in the body)."""
+    return all(k in RELAYABLE_PARAMS or k in call_fields for k in kwargs)
+
+
+class StatusError(httpx.HTTPStatusError):
+    """An upstream error answer, read within ``ERROR_BODY_BYTES``: its status, its JSON body (None when it had
+    none that could be read) and its headers, where ``translate_exception`` looks for them."""
+
+    def __init__(self, response: httpx.Response, body: Any) -> None:
+        super().__init__(f"upstream answered {response.status_code}", request=response.request, response=response)
+        self.status_code = response.status_code
+        self.body = body if body is not None else {"error": {"message": f"HTTP {response.status_code}"}}
+
+
+def too_large(upstream: str, limit: int) -> UpstreamError:
+    return UpstreamError(
+        f"{capital(upstream)} sent a response larger than max_upstream_response_bytes ({limit} bytes).",
+        status=502,
+        code="upstream_response_too_large",
+    )
+
+
+def not_json(upstream: str) -> UpstreamError:
+    return UpstreamError(
+        f"{capital(upstream)} sent a malformed response: not a JSON object.", status=502, code="upstream_bad_response"
+    )
+
+
+@dataclass
+class Relayed:
+    """An upstream answer being relayed: its status and content type, and its bytes as they arrive."""
+
+    status: int
+    media_type: str
+    length: int | None
+    chunks: AsyncIterator[bytes]
+
+
+@functools.lru_cache(maxsize=64)
+def _client(read: float | None, connect: float | None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(read, connect=connect), follow_redirects=False)
+
+
+def _parse_error(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", "replace").strip()
+        return {"error": {"message": text}} if text else None
+
+
+async def read_error(response: httpx.Response) -> StatusError:
+    """The error answer, read up to ``ERROR_BODY_BYTES`` (the rest is not read) and parsed off the loop."""
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_raw(CHUNK_BYTES):
+            data += chunk
+            if len(data) >= ERROR_BODY_BYTES:
+                del data[ERROR_BODY_BYTES:]
+                break
+    finally:
+        await response.aclose()
+    return StatusError(response, await asyncio.to_thread(_parse_error, bytes(data)))
+
+
+async def relay(
+    path: str,
+    kwargs: Mapping[str, Any],
+    model: str,
+    api_base: str,
+    api_key: str | None,
+    fields: frozenset[str],
+    limit: int,
+    upstream: str,
+) -> Relayed:
+    """POST the client's ``fields`` of ``kwargs`` to ``api_base + path`` and start relaying the answer: raises
+    what the call's error boundary maps (httpx's errors, ``StatusError``), or an ``UpstreamError`` for an
+    answer over ``limit`` bytes or one that does not open as a JSON object."""
+    body: dict[str, Any] = {"model": model}
+    body.update({k: v for k, v in kwargs.items() if k in fields and k not in NOT_BODY})
+    body.update(kwargs.get("extra_body") or {})
+    # identity: the bytes read are the bytes relayed, with the length the upstream declared
+    headers = {"content-type": "application/json", "accept": "application/json", "accept-encoding": "identity"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
+        if isinstance(extra, Mapping):
+            headers.update({str(k): str(v) for k, v in extra.items()})
+    timeout: httpx.Timeout = kwargs["timeout"]
+    client = _client(timeout.read, timeout.connect)
+    request = client.build_request("POST", api_base.rstrip("/") + path, content=orjson.dumps(body), headers=headers)
+    response = await client.send(request, stream=True)
+    if response.status_code >= 400:
+        raise await read_error(response)
+    try:
+        declared = response.headers.get("content-length")
+        length = int(declared) if declared and declared.isdigit() else None
+        if length is not None and length > limit:
+            raise too_large(upstream, limit)
+        chunks = response.aiter_raw(CHUNK_BYTES)
+        first = b""
+        async for chunk in chunks:  # the first bytes that are not white space say whether this is JSON at all
+            first += chunk
+            if first.strip() or len(first) > limit:
+                break
+        if not first.strip().startswith(b"{"):
+            raise not_json(upstream)
+    except BaseException:
+        await response.aclose()
+        raise
+    media_type = response.headers.get("content-type") or "application/json"
+    return Relayed(response.status_code, media_type, length, _rest(response, first, chunks, limit, upstream))
+
+
+async def _rest(
+    response: httpx.Response, first: bytes, chunks: AsyncIterator[bytes], limit: int, upstream: str
+) -> AsyncIterator[bytes]:
+    """The answer's bytes, the first ones included; past ``limit`` the relay stops (the client sees a cut
+    answer, never a silently shortened one: its length was declared, or its chunked encoding is not ended)."""
+    size = len(first)
+    try:
+        yield first
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise too_large(upstream, limit)
+            yield chunk
+    finally:
+        await response.aclose()
