@@ -60,7 +60,7 @@ from proxy.upstream_params import (
     TRANSLATED_PARAMS,
     call_credentials,
 )
-from proxy.upstream_relay import EMBEDDING_FIELDS, Relayed, not_json, relay, relayable
+from proxy.upstream_relay import EMBEDDING_FIELDS, Relayed, bound_error_body, not_json, relay, relayable
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
 
@@ -101,6 +101,7 @@ def load_litellm() -> Any:
     # The embedding call reads max_retries=0 as "unset" and falls back to this (2): no hidden retries.
     litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]
     _skip_cost_tracking(litellm)
+    _bound_error_bodies()
     # LiteLLM logs every call at INFO, through a handler of its own and again through the root logger: two
     # lines per call in two formats. Its warnings and errors are what an operator needs, in our format.
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
@@ -122,6 +123,26 @@ def _skip_cost_tracking(litellm: Any) -> None:
     ``litellm.response_cost_calculator``; a stand-in that prices nothing leaves ``response_cost`` unset.
     ``tests/test_upstream_unit.py`` fails if a LiteLLM upgrade moves the pricing elsewhere."""
     litellm.response_cost_calculator = _no_cost
+
+
+def _bound_error_bodies() -> None:
+    """Every httpx client LiteLLM builds for its OpenAI-compatible (and Azure) calls gets the response hook
+    ``bound_error_body``: a multi-MB error body is cut before LiteLLM's exception mapping and failure logging
+    scan it on the event loop. ``tests/test_upstream_bounds.py`` fails if a LiteLLM upgrade moves this."""
+    from litellm.llms.openai.common_utils import BaseOpenAILLM
+
+    build = BaseOpenAILLM._get_async_http_client
+    if getattr(build, "bounds_error_bodies", False):
+        return
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        client = build(*args, **kwargs)
+        if isinstance(client, httpx.AsyncClient) and bound_error_body not in client.event_hooks["response"]:
+            client.event_hooks["response"].append(bound_error_body)
+        return client
+
+    hooked.bounds_error_bodies = True  # type: ignore[attr-defined]
+    BaseOpenAILLM._get_async_http_client = staticmethod(hooked)  # type: ignore[method-assign]
 
 
 @contextmanager

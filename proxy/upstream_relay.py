@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from proxy.errors import UpstreamError
-from proxy.upstream_errors import ERROR_BODY_BYTES, capital
+from proxy.upstream_errors import ERROR_BODY_BYTES, MAX_ERROR_FIELD_CHARS, TRUNCATED, capital
 
 CHUNK_BYTES = 1 << 16
 # litellm_params a relayed call honours; a deployment with any other (api_version, organization, aws_...) is
@@ -107,6 +107,58 @@ async def read_error(response: httpx.Response) -> StatusError:
     finally:
         await response.aclose()
     return StatusError(response, await asyncio.to_thread(_parse_error, bytes(data)))
+
+
+# --- error bodies of LiteLLM's calls -------------------------------------------------------------------------
+
+SMALL_ERROR_BYTES = 16 << 10  # an error body up to this size reaches LiteLLM as it came
+
+
+def _shrunk(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string cut to ``MAX_ERROR_FIELD_CHARS`` and every array to its first 16 items."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ERROR_FIELD_CHARS else value[:MAX_ERROR_FIELD_CHARS] + TRUNCATED
+    if depth > 8:
+        return None
+    if isinstance(value, dict):
+        return {_shrunk(k, depth + 1): _shrunk(v, depth + 1) for k, v in list(value.items())[:64]}
+    if isinstance(value, list):
+        return [_shrunk(v, depth + 1) for v in value[:16]]
+    return value
+
+
+def _small_error(raw: bytes) -> bytes:
+    try:
+        return orjson.dumps(_shrunk(orjson.loads(raw)))
+    except orjson.JSONDecodeError:
+        text: str = _shrunk(raw.decode("utf-8", "replace"))
+        return text.encode()
+
+
+async def bound_error_body(response: httpx.Response) -> None:
+    """An httpx response hook on the clients LiteLLM's OpenAI calls use: an error body is read up to
+    ``ERROR_BODY_BYTES`` and, when it is large, replaced by its JSON with every string cut to
+    ``MAX_ERROR_FIELD_CHARS`` (parsed in a worker thread). LiteLLM scans an error's whole text with its
+    secret-redaction expressions several times (seconds per MB, on the event loop); after this it scans a few
+    KB. The provider's status, headers, ``type``, ``code`` and the start of its message are kept."""
+    if response.status_code < 400:
+        return
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_bytes(CHUNK_BYTES):
+            data += chunk
+            if len(data) >= ERROR_BODY_BYTES:
+                del data[ERROR_BODY_BYTES:]
+                break
+    finally:
+        await response.aclose()
+    raw = bytes(data)
+    if len(raw) > SMALL_ERROR_BYTES:
+        raw = await asyncio.to_thread(_small_error, raw)
+    response._content = raw  # what aread(), .content and .text return from now on (the stream is closed)
+
+
+# --- the relay ---------------------------------------------------------------------------------------------
 
 
 async def relay(

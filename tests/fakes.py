@@ -227,10 +227,15 @@ class FakeUpstream:
 
     @staticmethod
     def _error(reply: Reply) -> Response | None:
-        if reply.raw_body is not None:
-            return Response(
-                reply.raw_body, status_code=reply.status, media_type="application/json", headers=reply.headers
-            )
+        if reply.raw_body is not None:  # sent in 1 MB pieces, as a server writes a large body, its length declared
+            raw, piece = reply.raw_body, 1 << 20
+            headers = {**(reply.headers or {}), "content-length": str(len(raw))}
+
+            async def pieces():  # type: ignore[no-untyped-def]
+                for start in range(0, len(raw), piece):
+                    yield raw[start : start + piece]
+
+            return StreamingResponse(pieces(), status_code=reply.status, media_type="application/json", headers=headers)
         if reply.status == 200:
             return None
         error = {"message": reply.error_message, "type": reply.error_type, "param": None, "code": reply.error_code}
