@@ -19,7 +19,7 @@ exception that ``proxy.upstream_errors.translate_exception`` reads as it reads t
 from __future__ import annotations
 
 import asyncio
-import functools
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,9 +82,20 @@ class Relayed:
     chunks: AsyncIterator[bytes]
 
 
-@functools.lru_cache(maxsize=64)
+# One client per event loop and timeouts: a pooled connection belongs to the loop that opened it.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[float | None, float | None], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _client(read: float | None, connect: float | None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(read, connect=connect), follow_redirects=False)
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    if (read, connect) not in clients:
+        if len(clients) >= 64:  # timeouts come from the config: a handful
+            clients.clear()
+        clients[read, connect] = httpx.AsyncClient(timeout=httpx.Timeout(read, connect=connect), follow_redirects=False)
+    client: httpx.AsyncClient = clients[read, connect]
+    return client
 
 
 def _parse_error(raw: bytes) -> Any:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 import threading
@@ -112,7 +113,6 @@ def test_healthz_answers_within_100ms_while_a_2048_x_1536_embeddings_answer_is_r
             return {"status": response.status_code, "pieces": pieces}
 
     latencies, outcome = probe_while(url, send, lambda: len(fake_upstream.requests) > 0)
-    print("PROBES", len(latencies), max(latencies or [0]))
     assert latencies, "no /healthz probe ran while the answer was handled"
     assert max(latencies) < HEALTHZ_BOUND, f"/healthz took {max(latencies) * 1000:.0f} ms ({len(latencies)} probes)"
     relayed = b"".join(outcome["pieces"])
@@ -151,6 +151,40 @@ def test_an_embeddings_answer_over_the_cap_is_a_502_naming_the_model(
     assert "model 'test-model'" in error["message"] and "100000 bytes" in error["message"]
     small = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "test-model", "input": "x"}, timeout=20)
     assert small.status_code == 200  # the default fake answer is small
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_a_deployment_litellm_calls_answers_embeddings_from_a_worker_thread(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, encoding: str
+) -> None:
+    """A deployment the relay cannot call as configured (here its ``organization``) is LiteLLM's: the call and
+    the serialisation of its answer run in a worker thread, and the client gets OpenAI's JSON all the same."""
+    params = {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": UPSTREAM_KEY}
+    proxy = proxy_factory(models=[{"model_name": "org", "litellm_params": {**params, "organization": "org-1"}}])
+    on_loop: list[bool] = []
+    upstream = proxy.app.state.lcm.upstream
+    original = upstream._litellm.embedding
+
+    def observed(**kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no event loop runs in this thread
+            on_loop.append(False)
+        return original(**kwargs)
+
+    upstream._litellm.embedding = observed
+    try:
+        body = {"model": "org", "input": ["a", "b"], **({"encoding_format": "base64"} if encoding == "base64" else {})}
+        response = httpx.post(f"{proxy.base_url}/embeddings", json=body, timeout=30)
+    finally:
+        upstream._litellm.embedding = original
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    vector = data[1]["embedding"]
+    floats = list(struct.unpack("<3f", base64.b64decode(vector))) if encoding == "base64" else vector
+    assert len(data) == 2 and floats == [0.25, -0.5, 1.0]
+    assert on_loop == [False]  # called once, in a worker thread
 
 
 def test_a_malformed_embeddings_answer_is_a_502(proxy: Any, fake_upstream: FakeUpstream) -> None:
@@ -197,7 +231,6 @@ def test_healthz_answers_within_100ms_while_a_5_mb_error_body_is_handled(
     assert error["code"] == "overloaded" and error["message"].startswith("The server is overloaded; details follow.")
     assert len(error["message"]) <= 4100  # bounded, and said to be cut
     assert error["message"].endswith("[truncated]")
-    print("PROBES", len(latencies), max(latencies or [0]))
     assert latencies, "no /healthz probe ran while the error was handled"
     assert max(latencies) < HEALTHZ_BOUND, f"/healthz took {max(latencies) * 1000:.0f} ms ({len(latencies)} probes)"
 
