@@ -120,9 +120,7 @@ def test_malformed_upstream_json_is_a_bad_gateway(
     assert response.status_code == 502, response.text
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("upstream_error", "upstream_bad_response", None)
-    assert error["message"].startswith(
-        "The upstream provider for model 'test-model' sent a malformed response"
-    )
+    assert error["message"].startswith("The upstream provider for model 'test-model' sent a malformed response")
     assert "Traceback" not in response.text and UPSTREAM_KEY not in response.text
     assert response.headers.get("x-should-retry") != "false"
 
