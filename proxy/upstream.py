@@ -60,7 +60,15 @@ from proxy.upstream_params import (
     TRANSLATED_PARAMS,
     call_credentials,
 )
-from proxy.upstream_relay import EMBEDDING_FIELDS, Relayed, bound_error_body, not_json, relay, relayable
+from proxy.upstream_relay import (
+    EMBEDDING_FIELDS,
+    Relayed,
+    bound_error_body,
+    not_json,
+    relay,
+    relayable,
+    too_large,
+)
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
 
@@ -374,7 +382,10 @@ class Upstream:
         data = dump(exclude_none=True, warnings=False) if callable(dump) else None
         if not isinstance(data, dict):
             raise not_json(upstream)
-        return orjson.dumps(data)
+        answer = orjson.dumps(data)
+        if len(answer) > self._settings.max_upstream_response_bytes:
+            raise too_large(upstream, self._settings.max_upstream_response_bytes)
+        return answer
 
     async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
         """A call LiteLLM has no function for (``proxy.upstream_openai``), to an OpenAI-compatible provider."""

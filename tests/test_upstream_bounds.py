@@ -139,17 +139,19 @@ def test_more_than_2048_inputs_is_a_400_naming_input_before_any_upstream_call(
     assert one.status_code == 200, one.text
 
 
+@pytest.mark.parametrize("model", ["test-model", "org"], ids=["relayed", "litellm"])
 def test_an_embeddings_answer_over_the_cap_is_a_502_naming_the_model(
-    proxy_factory: Any, fake_upstream: FakeUpstream
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, model: str
 ) -> None:
-    proxy = proxy_factory(max_upstream_response_bytes=100_000)
+    params = {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "organization": "org-1"}
+    proxy = proxy_factory(max_upstream_response_bytes=100_000, models=[{"model_name": "org", "litellm_params": params}])
     fake_upstream.enqueue(Reply(raw_body=embeddings_body("float", inputs=200, dimensions=64)))
-    response = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "test-model", "input": "x"}, timeout=20)
+    response = httpx.post(f"{proxy.base_url}/embeddings", json={"model": model, "input": "x"}, timeout=20)
     assert response.status_code == 502, response.text[:300]
     error = response.json()["error"]
     assert error["code"] == "upstream_response_too_large"
-    assert "model 'test-model'" in error["message"] and "100000 bytes" in error["message"]
-    small = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "test-model", "input": "x"}, timeout=20)
+    assert f"model '{model}'" in error["message"] and "100000 bytes" in error["message"]
+    small = httpx.post(f"{proxy.base_url}/embeddings", json={"model": model, "input": "x"}, timeout=20)
     assert small.status_code == 200  # the default fake answer is small
 
 
