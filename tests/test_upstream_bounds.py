@@ -81,10 +81,11 @@ def probe_while(url: str, send: Any, started: Any) -> tuple[list[float], dict[st
             if not started():
                 done.wait(0.001)
                 continue
+            handled = not done.is_set()  # a probe sent while the request is handled counts, however late it ends
             begin = time.perf_counter()
             response = client.get(f"{url}/healthz")
             elapsed = time.perf_counter() - begin
-            if not done.is_set():
+            if handled:
                 latencies.append(elapsed)
             assert response.status_code == 200
         sender.join()
@@ -120,6 +121,28 @@ def test_healthz_answers_within_100ms_while_a_2048_x_1536_embeddings_answer_is_r
     assert relayed == answer  # relayed byte for byte
     assert fake_upstream.last.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert fake_upstream.last.body["input"][2047] == "text 2047"
+
+
+def test_healthz_answers_within_100ms_while_a_6_million_input_embeddings_request_is_refused(
+    served: tuple[str, Any], fake_upstream: FakeUpstream
+) -> None:
+    """The issue's 6 M-input request (24 MB of JSON): parsed off the loop, its input counted before anything
+    walks it, refused with OpenAI's 400; the upstream is never asked for 6 M vectors."""
+    url, _ = served
+    request = orjson.dumps({"model": "test-model", "input": ["a"] * 6_000_000})
+
+    def send() -> dict[str, Any]:
+        with httpx.Client(timeout=300) as client:
+            headers = {"content-type": "application/json"}
+            response = client.post(f"{url}/v1/embeddings", content=request, headers=headers)
+            return {"status": response.status_code, "json": response.json()}
+
+    latencies, outcome = probe_while(url, send, lambda: True)
+    assert latencies, "no /healthz probe ran while the request was handled"
+    assert max(latencies) < HEALTHZ_BOUND, f"/healthz took {max(latencies) * 1000:.0f} ms ({len(latencies)} probes)"
+    assert outcome["status"] == 400
+    assert outcome["json"]["error"]["param"] == "input" and "6000000" in outcome["json"]["error"]["message"]
+    assert fake_upstream.requests == []
 
 
 def test_more_than_2048_inputs_is_a_400_naming_input_before_any_upstream_call(

@@ -29,9 +29,10 @@ from proxy.upstream_stream import truncated
 from proxy.wire import passthrough_uploads as uploads
 from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
 from proxy.wire.passthrough_shapes import (
+    MAX_EMBEDDING_INPUTS,
     Endpoint,
+    check_counts,
     check_depth,
-    embedding_inputs,
     invalid,
     kind,
     relayed_response,
@@ -61,6 +62,7 @@ async def _prepared(request: Request, endpoint: Endpoint) -> tuple[AppState, Res
     body = await read_json_body(request, state.config.general_settings.max_body_bytes)
     if not isinstance(body, dict):
         raise InvalidRequestError(f"The request body must be a JSON object, got {kind(body)}.", code="invalid_body")
+    check_counts(body, endpoint.most)  # before anything walks the body
     check_depth(body)
     target = route(state, body)
     return state, target, endpoint.arguments(body)
@@ -74,8 +76,8 @@ async def _answered(request: Request, endpoint: Endpoint) -> Response:
 # --- the endpoints -----------------------------------------------------------------------------------------
 
 EMBEDDINGS = Endpoint(
-    "aembedding", {"input": embedding_inputs}, frozenset({"dimensions", "encoding_format", "user"}),
-    allowed=frozenset({"dimensions"}),
+    "aembedding", {"input": texts_or_tokens}, frozenset({"dimensions", "encoding_format", "user"}),
+    allowed=frozenset({"dimensions"}), most={"input": MAX_EMBEDDING_INPUTS},
 )  # fmt: skip
 COMPLETIONS = Endpoint(
     "atext_completion",

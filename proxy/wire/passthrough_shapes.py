@@ -5,7 +5,7 @@ LiteLLM's arguments (``Endpoint``), and LiteLLM's answer as OpenAI's JSON (``wir
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -69,18 +69,20 @@ def texts_or_tokens(value: Any, param: str) -> None:
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
 
 
-def embedding_inputs(value: Any, param: str) -> None:
-    """Embeddings' ``input``, at most ``MAX_EMBEDDING_INPUTS`` of them (strings or token id arrays; one array
-    of token ids is one input), refused as OpenAI refuses more: before any upstream call, so a request of
-    millions of inputs never makes the upstream answer millions of vectors."""
-    texts_or_tokens(value, param)
-    if isinstance(value, list) and not _is_int(value[0]) and len(value) > MAX_EMBEDDING_INPUTS:
-        raise InvalidRequestError(
-            f"Invalid '{param}': array too long. Expected an array with maximum length {MAX_EMBEDDING_INPUTS},"
-            f" but got an array with length {len(value)} instead.",
-            param=param,
-            code="array_above_max_length",
-        )
+def check_counts(fields: dict[str, Any], most: dict[str, int]) -> None:
+    """Refuse an array field of more items than ``most`` allows, as OpenAI refuses one (embeddings' ``input``:
+    2,048 strings or token id arrays; one array of token ids is one input). A length is read in constant time:
+    this runs before anything walks the body, so a request of millions of inputs costs the event loop nothing
+    and never makes the upstream answer millions of vectors."""
+    for param, limit in most.items():
+        value = fields.get(param)
+        if isinstance(value, list) and len(value) > limit and not _is_int(value[0]):
+            raise InvalidRequestError(
+                f"Invalid '{param}': array too long. Expected an array with maximum length {limit},"
+                f" but got an array with length {len(value)} instead.",
+                param=param,
+                code="array_above_max_length",
+            )
 
 
 def texts_or_parts(value: Any, param: str) -> None:
@@ -122,6 +124,7 @@ class Endpoint:
     # Fields LiteLLM must not refuse for an OpenAI-compatible deployment (it refuses ``dimensions`` for any
     # embedding model not named text-embedding-3*, a local server's included).
     allowed: frozenset[str] = frozenset()
+    most: dict[str, int] = field(default_factory=dict)  # the most items an array field may hold (``check_counts``)
 
     def arguments(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments from the client's fields (``model`` already taken out by ``route``)."""
