@@ -139,6 +139,9 @@ class GeneralSettings(_Strict):
     # Seconds a request body has to arrive in full once the handler starts reading it; past that the request
     # is answered 408 and its connection let go (a client that trickles its upload holds no slot for long).
     body_read_timeout: float = Field(default=60.0, gt=0)
+    # The most a relayed upstream answer (embeddings) may be: a larger one is a 502 naming the model. OpenAI's
+    # largest (2,048 inputs x 3,072 floats) is ~130 MB of JSON; the proxy relays it in chunks, never whole.
+    max_upstream_response_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
     # Browser clients: the origins (scheme://host[:port], or "*" for any) whose pages may call the proxy. Empty:

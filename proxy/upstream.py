@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from proxy.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.config import GeneralSettings
@@ -58,6 +59,15 @@ from proxy.upstream_params import (
     ROUTER_ONLY_PARAMS,
     TRANSLATED_PARAMS,
     call_credentials,
+)
+from proxy.upstream_relay import (
+    EMBEDDING_FIELDS,
+    Relayed,
+    bound_error_body,
+    not_json,
+    relay,
+    relayable,
+    too_large,
 )
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
@@ -99,6 +109,7 @@ def load_litellm() -> Any:
     # The embedding call reads max_retries=0 as "unset" and falls back to this (2): no hidden retries.
     litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]
     _skip_cost_tracking(litellm)
+    _bound_error_bodies()
     # LiteLLM logs every call at INFO, through a handler of its own and again through the root logger: two
     # lines per call in two formats. Its warnings and errors are what an operator needs, in our format.
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
@@ -120,6 +131,26 @@ def _skip_cost_tracking(litellm: Any) -> None:
     ``litellm.response_cost_calculator``; a stand-in that prices nothing leaves ``response_cost`` unset.
     ``tests/test_upstream_unit.py`` fails if a LiteLLM upgrade moves the pricing elsewhere."""
     litellm.response_cost_calculator = _no_cost
+
+
+def _bound_error_bodies() -> None:
+    """Every httpx client LiteLLM builds for its OpenAI-compatible (and Azure) calls gets the response hook
+    ``bound_error_body``: a multi-MB error body is cut before LiteLLM's exception mapping and failure logging
+    scan it on the event loop. ``tests/test_upstream_bounds.py`` fails if a LiteLLM upgrade moves this."""
+    from litellm.llms.openai.common_utils import BaseOpenAILLM
+
+    build = BaseOpenAILLM._get_async_http_client
+    if getattr(build, "bounds_error_bodies", False):
+        return
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        client = build(*args, **kwargs)
+        if isinstance(client, httpx.AsyncClient) and bound_error_body not in client.event_hooks["response"]:
+            client.event_hooks["response"].append(bound_error_body)
+        return client
+
+    hooked.bounds_error_bodies = True  # type: ignore[attr-defined]
+    BaseOpenAILLM._get_async_http_client = staticmethod(hooked)  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -277,6 +308,8 @@ class Upstream:
         while True:
             try:
                 with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
+                    if function == "aembedding":
+                        return await self._embedding(kwargs, upstream)
                     if function in OPENAI_CALLS:
                         return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
@@ -322,6 +355,37 @@ class Upstream:
             return {**kwargs, **arguments}, timeout
 
         return await self._call(target, build, function, opened)
+
+    async def _embedding(self, kwargs: dict[str, Any], upstream: str) -> Relayed | bytes:
+        """Embeddings, never parsed on the event loop (``proxy.upstream_relay``): relayed as the upstream sends
+        them from an OpenAI-compatible deployment, else LiteLLM's synchronous call and its answer's JSON in a
+        worker thread."""
+        if _is_passthrough(kwargs) and relayable(kwargs, EMBEDDING_FIELDS):
+            model, provider, key, base = self._litellm.get_llm_provider(
+                model=kwargs["model"], custom_llm_provider=kwargs.get("custom_llm_provider"),
+                api_base=kwargs.get("api_base"),
+            )  # fmt: skip
+            key = kwargs.get("api_key") or key
+            if provider == "openai":  # LiteLLM's defaults for OpenAI itself
+                base = base or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+                base = base or "https://api.openai.com/v1"
+                key = key or os.environ.get("OPENAI_API_KEY")
+            if base and key:
+                limit = self._settings.max_upstream_response_bytes
+                return await relay("/embeddings", kwargs, model, base, key, EMBEDDING_FIELDS, limit, upstream)
+        return await asyncio.to_thread(self._embedding_json, kwargs, upstream)
+
+    def _embedding_json(self, kwargs: dict[str, Any], upstream: str) -> bytes:
+        result = self._litellm.embedding(**kwargs)
+        dump = getattr(result, "model_dump", None)
+        # warnings off: LiteLLM types an embedding as floats, and a base64 one (the SDK's default) makes pydantic warn
+        data = dump(exclude_none=True, warnings=False) if callable(dump) else None
+        if not isinstance(data, dict):
+            raise not_json(upstream)
+        answer = orjson.dumps(data)
+        if len(answer) > self._settings.max_upstream_response_bytes:
+            raise too_large(upstream, self._settings.max_upstream_response_bytes)
+        return answer
 
     async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
         """A call LiteLLM has no function for (``proxy.upstream_openai``), to an OpenAI-compatible provider."""

@@ -15,7 +15,12 @@ What reaches the client, and why:
   arrives as a LiteLLM 500 that no HTTP response ever had: it is the upstream's fault, a 502
   ``upstream_bad_response`` naming the upstream, never a 500 that blames the proxy (and never LiteLLM's text,
   which holds a Python traceback and the upstream's body).
-* Connection failures and timeouts name the model alias and ``api_base`` (never a key, userinfo or query).
+* Connection failures and timeouts name the model alias, never the deployment's ``api_base``.
+* What an upstream wrote is bounded before anything reads it: an error body is read up to
+  ``ERROR_BODY_BYTES`` where the proxy reads it itself, and each field is cut to ``MAX_ERROR_FIELD_CHARS``
+  before it is redacted (redaction scans the whole text: ~1 s per MB).
+* A 429's (or 503's) ``Retry-After``, in seconds or as an HTTP date, becomes the error's ``retry_after``
+  (at most ``MAX_RETRY_AFTER`` seconds), which the client's response carries as its ``retry-after`` header.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -44,6 +51,10 @@ from proxy.routing import ResolvedModel
 log = logging.getLogger("lcm_proxy.upstream")
 
 DEFAULT_UPSTREAM = "the upstream provider"
+ERROR_BODY_BYTES = 8 << 20  # what the proxy reads of an upstream error body it reads itself (parsed off the loop)
+MAX_ERROR_FIELD_CHARS = 4000  # what a client is told of each field of the upstream's error (message, type...)
+TRUNCATED = " [truncated]"
+MAX_RETRY_AFTER = 600  # seconds: a longer Retry-After is relayed as this
 # What providers say when the prompt is longer than their window (lower case). The class LiteLLM picks
 # (``ContextWindowExceededError``) is the first sign; these cover errors LiteLLM did not classify.
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
@@ -57,27 +68,17 @@ CONTEXT_LENGTH_PHRASES = (
 
 
 def describe_upstream(target: ResolvedModel) -> str:
-    """Names the upstream as an operator needs it to find the failing deployment: "the upstream provider for
-    model 'local' at http://127.0.0.1:9/v1". The ``api_base`` loses userinfo, query and fragment, where
-    credentials can hide."""
-    name = f"{DEFAULT_UPSTREAM} for model '{target.alias}'"
-    api_base = target.litellm_params.get("api_base")
-    if not isinstance(api_base, str) or not api_base:
-        return name
-    try:
-        parts = urlsplit(api_base)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return name
-    if not parts.scheme or not host:
-        return name
-    host = f"[{host}]" if ":" in host else host
-    return f"{name} at {parts.scheme}://{host}{port}{parts.path}"
+    """Names the upstream in what a client is told: "the upstream provider for model 'local'". Never its
+    ``api_base``: a deployment's host, port and path are the operator's, not the client's (the operator's log
+    names them, see ``proxy.balancer.deployment_of``)."""
+    return f"{DEFAULT_UPSTREAM} for model '{target.alias}'"
 
 
-def _capital(text: str) -> str:
+def capital(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+_capital = capital
 
 
 def is_context_length_error(error: UpstreamError) -> bool:
@@ -227,14 +228,63 @@ def translate_exception(
         )
     # Every field the provider wrote reaches the client: each is redacted, not only the message.
     message, kind, code, param = (
-        redact_upstream_message(field, credentials) if field is not None else None for field in _upstream_fields(exc)
+        redact_upstream_message(_bounded(field), credentials) if field is not None else None
+        for field in _upstream_fields(exc)
     )
     message = message or "The upstream provider reported an error."
     if isinstance(status, int) and 400 <= status < 600:
         too_long = any("ContextWindowExceededError" in _class_names(e) for e in walk_causes(exc))
         kind_of_error = UpstreamContextLengthError if too_long else UpstreamError
-        return kind_of_error(message, status=status, type=kind or "upstream_error", code=code, param=param)
+        error = kind_of_error(message, status=status, type=kind or "upstream_error", code=code, param=param)
+        wait = retry_after(exc)
+        if wait is not None and status in (429, 503):
+            error.retry_after = wait  # type: ignore[attr-defined]
+        return error
     return UpstreamError(f"Upstream call failed: {message}", status=502)
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_FIELD_CHARS else text[: MAX_ERROR_FIELD_CHARS - len(TRUNCATED)] + TRUNCATED
+
+
+def retry_after(exc: BaseException) -> int | None:
+    """The upstream's ``Retry-After`` (seconds, or an HTTP date turned into seconds from now), from whichever
+    exception in the chain kept the response's headers; at most ``MAX_RETRY_AFTER``, None when absent or
+    unreadable."""
+    for e in walk_causes(exc):
+        for headers in (
+            getattr(getattr(e, "response", None), "headers", None),
+            getattr(e, "litellm_response_headers", None),
+            getattr(e, "headers", None),
+        ):
+            value = _header(headers, "retry-after")
+            if value is not None:
+                return parse_retry_after(value)
+    return None
+
+
+def _header(headers: Any, name: str) -> str | None:
+    if headers is None:
+        return None
+    try:
+        value = headers.get(name)
+    except Exception:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def parse_retry_after(value: str) -> int | None:
+    value = value.strip()
+    if value.isdigit():
+        return min(int(value), MAX_RETRY_AFTER)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = math.ceil((when - datetime.now(UTC)).total_seconds())
+    return min(max(seconds, 0), MAX_RETRY_AFTER)
 
 
 @contextmanager

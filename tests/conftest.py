@@ -36,6 +36,8 @@ SLOW = (
     "test_fuzz.py",
     "test_faults.py",
     "test_bounded_work.py::test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled",
+    "test_upstream_bounds.py::test_a_6_million_input_embeddings_request_is_refused",
+    "test_upstream_bounds.py::test_healthz_answers_within_100ms_while_a_2048_input_embeddings_answer_is_relayed[3072",
     "test_upstream_errors.py::test_upstream_error_table[read_timeout",
     "test_replicas.py::test_identical_first_requests_on_three_replicas_create_one_conversation",
     "test_replicas.py::test_replicas_load_run_with_one_killed_loses_nothing",

@@ -32,7 +32,8 @@ class Reply:
     delay: float = 0.0  # seconds before answering (headers included)
     chunk_delay: float = 0.0  # seconds between streamed chunks
     cut_after: int | None = None  # streaming: drop the connection after this many content chunks
-    raw_body: bytes | None = None  # send these bytes instead of a JSON body
+    raw_body: bytes | None = None  # send these bytes instead of a JSON body (embeddings too)
+    headers: dict[str, str] | None = None  # extra response headers (``retry-after``...) of a raw or error answer
     # Stream these pieces as text/event-stream, each sent as it comes; a number is a pause of that many seconds
     # (e.g. ``[event, *[b": ping\n\n", 0.05] * 100, finish]`` for an upstream that only keeps the line alive).
     raw_sse: list[bytes | float] | None = None
@@ -105,7 +106,9 @@ class FakeUpstream:
         if reply.raw_sse is not None:
             return StreamingResponse(self._raw_stream(reply.raw_sse), media_type="text/event-stream")
         if reply.raw_body is not None:
-            return Response(reply.raw_body, status_code=reply.status, media_type="application/json")
+            return Response(
+                reply.raw_body, status_code=reply.status, media_type="application/json", headers=reply.headers
+            )
         if reply.status != 200:
             error = {
                 "message": reply.error_message,
@@ -113,7 +116,7 @@ class FakeUpstream:
                 "param": None,
                 "code": reply.error_code,
             }
-            return JSONResponse({"error": error}, status_code=reply.status)
+            return JSONResponse({"error": error}, status_code=reply.status, headers=reply.headers)
         if body.get("stream"):
             return StreamingResponse(self._stream(body, reply), media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
@@ -213,7 +216,10 @@ class FakeUpstream:
         else:
             body = json.loads(await request.body())
         self.requests.append(Recorded(body=body, headers=dict(request.headers), path=request.url.path))
-        return body, self.script.popleft() if self.script else Reply()
+        reply = self.script.popleft() if self.script else Reply()
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        return body, reply
 
     @staticmethod
     async def _upload(upload: Any) -> dict[str, Any]:
@@ -221,10 +227,19 @@ class FakeUpstream:
 
     @staticmethod
     def _error(reply: Reply) -> Response | None:
+        if reply.raw_body is not None:  # sent in 1 MB pieces, as a server writes a large body, its length declared
+            raw, piece = reply.raw_body, 1 << 20
+            headers = {**(reply.headers or {}), "content-length": str(len(raw))}
+
+            async def pieces():  # type: ignore[no-untyped-def]
+                for start in range(0, len(raw), piece):
+                    yield raw[start : start + piece]
+
+            return StreamingResponse(pieces(), status_code=reply.status, media_type="application/json", headers=headers)
         if reply.status == 200:
             return None
         error = {"message": reply.error_message, "type": reply.error_type, "param": None, "code": reply.error_code}
-        return JSONResponse({"error": error}, status_code=reply.status)
+        return JSONResponse({"error": error}, status_code=reply.status, headers=reply.headers)
 
     async def embeddings(self, request: Request) -> Response:
         body, reply = await self._record(request)

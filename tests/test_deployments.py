@@ -484,11 +484,13 @@ def test_a_field_litellm_cannot_send_is_the_clients_400_and_blames_no_deployment
     proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, second: FakeUpstream, second_url: str
 ) -> None:
     """LiteLLM reports its own failure on a field of the wrong type (``encoding_format: 123``) as a connection
-    error. It is the client's: a 400, no other deployment or fallback tried, no retry, no cooldown."""
+    error. It is the client's: a 400, no other deployment or fallback tried, no retry, no cooldown. (An
+    ``organization`` makes these deployments LiteLLM's to call: embeddings to a plain OpenAI-compatible one are
+    relayed without LiteLLM, see ``proxy.upstream_relay``.)"""
     models = [
-        deployment("pair", upstream_url, "a-model"),
-        deployment("pair", second_url, "b-model"),
-        deployment("backup", second_url, "backup-model"),
+        deployment("pair", upstream_url, "a-model", organization="org-1"),
+        deployment("pair", second_url, "b-model", organization="org-1"),
+        deployment("backup", second_url, "backup-model", organization="org-1"),
     ]
     proxy = proxy_factory(
         models=models, upstream_retries=2, fallbacks=[{"pair": ["backup"]}], allowed_fails=1, cooldown_time=600

@@ -29,7 +29,7 @@ CASES = [
     Case("rate_limited", Reply(status=429, error_message="Rate limit reached for requests", error_type="requests"), 429, "Rate limit reached", False),
     Case("server_error", Reply(status=500, error_message="The server had an error", error_type="server_error"), 500, "server had an error", False),
     Case("unavailable", Reply(status=503, error_message="Service overloaded", error_type="server_error"), 503, "overloaded", False),
-    Case("connection_refused", None, 502, "Could not connect to the upstream provider for model 'unreachable' at http://127.0.0.1:9/v1.", False),
+    Case("connection_refused", None, 502, "Could not connect to the upstream provider for model 'unreachable'.", False),
     Case("read_timeout", Reply(delay=7.0), 504, "did not respond", False),
 ]  # fmt: skip
 
@@ -120,9 +120,7 @@ def test_malformed_upstream_json_is_a_bad_gateway(
     assert response.status_code == 502, response.text
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("upstream_error", "upstream_bad_response", None)
-    assert error["message"].startswith(
-        f"The upstream provider for model 'test-model' at {upstream_url}/v1 sent a malformed response"
-    )
+    assert error["message"].startswith("The upstream provider for model 'test-model' sent a malformed response")
     assert "Traceback" not in response.text and UPSTREAM_KEY not in response.text
     assert response.headers.get("x-should-retry") != "false"
 

@@ -29,10 +29,13 @@ from proxy.upstream_stream import truncated
 from proxy.wire import passthrough_uploads as uploads
 from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
 from proxy.wire.passthrough_shapes import (
+    MAX_EMBEDDING_INPUTS,
     Endpoint,
+    check_counts,
     check_depth,
     invalid,
     kind,
+    relayed_response,
     route,
     state_of,
     text,
@@ -60,6 +63,7 @@ async def _prepared(request: Request, endpoint: Endpoint) -> tuple[AppState, Res
     body = await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
     if not isinstance(body, dict):
         raise InvalidRequestError(f"The request body must be a JSON object, got {kind(body)}.", code="invalid_body")
+    check_counts(body, endpoint.most)  # before anything walks the body
     check_depth(body)
     target = route(state, body)
     return state, target, endpoint.arguments(body)
@@ -74,7 +78,7 @@ async def _answered(request: Request, endpoint: Endpoint) -> Response:
 
 EMBEDDINGS = Endpoint(
     "aembedding", {"input": texts_or_tokens}, frozenset({"dimensions", "encoding_format", "user"}),
-    allowed=frozenset({"dimensions"}),
+    allowed=frozenset({"dimensions"}), most={"input": MAX_EMBEDDING_INPUTS},
 )  # fmt: skip
 COMPLETIONS = Endpoint(
     "atext_completion",
@@ -100,7 +104,10 @@ IMAGE_GENERATIONS = Endpoint(
 
 
 async def embeddings(request: Request) -> Response:
-    return await _answered(request, EMBEDDINGS)
+    """Relayed without being parsed (``proxy.upstream_relay``): the upstream's bytes, or LiteLLM's answer
+    serialised in a worker thread."""
+    state, target, arguments = await _prepared(request, EMBEDDINGS)
+    return relayed_response(await state.upstream.call(EMBEDDINGS.function, target, arguments))
 
 
 async def moderations(request: Request) -> Response:

@@ -5,14 +5,16 @@ LiteLLM's arguments (``Endpoint``), and LiteLLM's answer as OpenAI's JSON (``wir
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from proxy.errors import InvalidRequestError, UpstreamError
 from proxy.routing import ResolvedModel
 from proxy.upstream import describe_upstream
+from proxy.upstream_relay import Relayed
 from proxy.wire.validation import MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -64,6 +66,25 @@ def texts_or_tokens(value: Any, param: str) -> None:
     raise invalid(param, f"expected a string, an array of strings, of token ids or of token id arrays, got {got}.")
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
+
+
+def check_counts(fields: dict[str, Any], most: dict[str, int]) -> None:
+    """Refuse an array field of more items than ``most`` allows, as OpenAI refuses one (embeddings' ``input``:
+    2,048 strings or token id arrays; one array of token ids is one input). A length is read in constant time:
+    this runs before anything walks the body, so a request of millions of inputs costs the event loop nothing
+    and never makes the upstream answer millions of vectors."""
+    for param, limit in most.items():
+        value = fields.get(param)
+        if isinstance(value, list) and len(value) > limit and not _is_int(value[0]):
+            raise InvalidRequestError(
+                f"Invalid '{param}': array too long. Expected an array with maximum length {limit},"
+                f" but got an array with length {len(value)} instead.",
+                param=param,
+                code="array_above_max_length",
+            )
+
+
 def texts_or_parts(value: Any, param: str) -> None:
     """Moderations' ``input``: a string, strings, or content parts (``{"type": "text", ...}``, images)."""
     if isinstance(value, str):
@@ -103,6 +124,7 @@ class Endpoint:
     # Fields LiteLLM must not refuse for an OpenAI-compatible deployment (it refuses ``dimensions`` for any
     # embedding model not named text-embedding-3*, a local server's included).
     allowed: frozenset[str] = frozenset()
+    most: dict[str, int] = field(default_factory=dict)  # the most items an array field may hold (``check_counts``)
 
     def arguments(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments from the client's fields (``model`` already taken out by ``route``)."""
@@ -151,6 +173,14 @@ def unreadable(target: ResolvedModel, what: str) -> UpstreamError:
     return UpstreamError(
         f"{_capital(describe_upstream(target))} sent {what}.", status=502, code="upstream_bad_response"
     )
+
+
+def relayed_response(answer: Relayed | bytes) -> Response:
+    """An answer the upstream layer did not parse: relayed as it arrives, or JSON serialised off the loop."""
+    if isinstance(answer, bytes):
+        return Response(answer, media_type="application/json")
+    headers = {"content-length": str(answer.length)} if answer.length is not None else None
+    return StreamingResponse(answer.chunks, status_code=answer.status, media_type=answer.media_type, headers=headers)
 
 
 def wire_json(result: Any, target: ResolvedModel) -> dict[str, Any]:
