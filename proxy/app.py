@@ -41,6 +41,7 @@ from proxy.wire.auth import Authenticator
 from proxy.wire.cors import cors_middleware
 from proxy.wire.http import error_response, reported_error
 from proxy.wire.passthrough import PASSTHROUGH_ROUTES
+from proxy.wire.ratelimit import TokenBuckets
 from proxy.wire.shutdown import AnswerOnShutdown
 
 log = logging.getLogger("lcm_proxy")
@@ -68,6 +69,7 @@ class AppState:
     tool_callers: set[str] = field(default_factory=set)  # model aliases seen making structured tool calls
     priority: Priority = field(init=False)  # chat requests before background summaries on local servers
     retention: Retention | None = None  # lcm_settings.retention_days: the background purge of idle conversations
+    delete_limits: TokenBuckets = field(init=False)  # DELETE /lcm/conversations/{id}, per key
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
         """The model's input window and where it came from: model_info, else LiteLLM's map, else the default.
@@ -169,6 +171,9 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         state.recall = RecallTools(state.store, state.files)
         state.priority = Priority(config.lcm_settings.background_yields)
         state.admin = AdminViews(state.engine, state.recall)
+        state.delete_limits = TokenBuckets(
+            config.lcm_settings.delete_rate_per_minute, config.lcm_settings.delete_burst, "deleting conversations"
+        )
         if config.lcm_settings.retention_days is not None:
             state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
             state.retention.start()
@@ -193,6 +198,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False) -> Starlette:
         finally:
             if state.retention is not None:
                 await state.retention.stop()
+            await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first
             await state.engine.close()
             await state.store.close()
 

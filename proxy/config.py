@@ -212,6 +212,10 @@ class LcmSettings(_Strict):
     max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
     # Conversations idle this many days are deleted, at startup and hourly (proxy.engine.deletion); None: kept.
     retention_days: int | None = Field(default=None, ge=1)
+    # DELETE /lcm/conversations/{id} per key (token bucket): this many a minute on average, bursts of
+    # delete_burst; over it, a 429 with Retry-After. None: no limit.
+    delete_rate_per_minute: float | None = Field(default=30.0, gt=0)
+    delete_burst: int = Field(default=10, ge=1)
 
     @field_validator("retrieval_tools", "auto_recall", "background_yields", mode="before")
     @classmethod
