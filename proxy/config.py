@@ -194,6 +194,9 @@ class LcmSettings(_Strict):
     # Seconds a request waits for an inline compaction; past it the request is answered from what fits and
     # the compaction finishes in the background.
     inline_compaction_seconds: float = Field(default=30.0, gt=0)
+    # A sweep's compaction lease is renewed this often and expires after three missed renewals: a killed
+    # worker or replica blocks its conversation's compaction for that long (proxy.engine.lease).
+    compaction_lease_heartbeat_seconds: float = Field(default=2.0, gt=0)
     # Context window for models whose size neither model_info nor LiteLLM's model map knows.
     default_context_window: int = Field(default=128000, ge=1024)
     # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
