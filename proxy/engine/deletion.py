@@ -138,7 +138,8 @@ class Scrubber:
             await self._changed.wait_for(lambda: self.completed >= ticket)
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._task is not None and not self._task.done():
+            log.info("finishing the scrub of deleted conversations before stopping")
             await asyncio.shield(self._task)
 
     async def _run(self) -> None:
