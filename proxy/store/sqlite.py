@@ -32,6 +32,7 @@ from proxy.store.migrations import MIGRATIONS, apply_migrations
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
 from proxy.store.sqlite_connect import connect, connect_on_loop
 from proxy.store.sqlite_delete import (
+    CHECKPOINT_STEPS,
     FTS_TABLES,
     MAX_SCRUB_STEPS,
     SCRUB_PAGES,
@@ -365,15 +366,21 @@ class SQLiteStore:
         in bounded steps, each holding the writer briefly; between steps the writer goes to whoever waits for
         it (``asyncio.Lock`` is first come, first served), and the scrub pauses as long as its step took, so
         other processes' writers get their turn too. ``full``: then ``VACUUM``, in one long step."""
+        assert self._reader is not None, "store is not open"
         for table in FTS_TABLES:
             pages = -self.scrub_pages  # negative: start a merge of every segment
-            for _ in range(MAX_SCRUB_STEPS):
+            for step in range(MAX_SCRUB_STEPS):
                 start = time.monotonic()
                 worked = await self._scrub_step(merge_step, table, pages)
                 self.scrub_steps += 1
                 if not worked:
                     break
                 pages = self.scrub_pages  # positive: carry on with the merge started
+                if step % CHECKPOINT_STEPS == CHECKPOINT_STEPS - 1:
+                    # The merge writes pages fast: checkpoint them here, off the writer, before SQLite's own
+                    # automatic checkpoint (at 1,000 pages) runs inside some commit (a request's, or a step's)
+                    # and holds the writer while it copies them and syncs the file.
+                    await self._reader.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 await asyncio.sleep(time.monotonic() - start)
         if full:
             await self._scrub_step(vacuum)

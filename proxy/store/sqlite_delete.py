@@ -35,6 +35,7 @@ from proxy.store.records import Removed
 
 FTS_TABLES = ("messages_fts", "summaries_fts")
 SCRUB_PAGES = 16  # FTS5 pages (about 4 kB each) one scrub step writes: a few milliseconds of the writer
+CHECKPOINT_STEPS = 8  # scrub steps between the scrub's own (passive) checkpoints
 MAX_SCRUB_STEPS = 1_000_000  # per index and scrub: a bound on the loop, far beyond any store's index
 CHUNK = 500  # ids per IN (...) list: far below SQLite's 32,766 parameters
 
