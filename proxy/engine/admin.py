@@ -160,6 +160,6 @@ class AdminViews:
         c = await self._conversation(tenant, conversation_id)
         return (await self.deleter.delete(tenant, c.id, via="api")).as_json()
 
-    def scrub(self) -> dict[str, Any]:
-        """Whether the scrub of the deletions made through this process is done (``Scrubber``)."""
-        return self.scrubber.status()
+    def scrub(self, tenant: str) -> dict[str, Any]:
+        """Whether the scrub of the tenant's deletions made through this process is done (``Scrubber``)."""
+        return self.scrubber.status(tenant)

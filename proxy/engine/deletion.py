@@ -115,6 +115,7 @@ class Scrubber:
         self.requested = 0  # tickets given out
         self.completed = 0  # every ticket up to this one is scrubbed
         self.passes = 0
+        self._latest: dict[str, int] = {}  # scope -> the ticket of its latest deletion still being scrubbed
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
@@ -122,12 +123,16 @@ class Scrubber:
     def pending(self) -> bool:
         return self.completed < self.requested
 
-    def status(self) -> dict[str, object]:
-        return {"scrub": "pending" if self.pending else "done", "passes": self.passes}
+    def status(self, scope: str | None = None) -> dict[str, object]:
+        """Whether the deletions of ``scope`` (None: anyone's) are scrubbed yet. Per scope: whether another
+        tenant deleted something lately is none of a tenant's business."""
+        latest = self.requested if scope is None else self._latest.get(scope, 0)
+        return {"scrub": "pending" if latest > self.completed else "done"}
 
-    def request(self) -> int:
-        """Ask for a pass after what was deleted so far; the ticket ``wait`` takes."""
+    def request(self, scope: str = "") -> int:
+        """Ask for a pass after what was deleted so far (by ``scope``); the ticket ``wait`` takes."""
         self.requested += 1
+        self._latest[scope] = self.requested
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="lcm-scrub")
         return self.requested
@@ -149,6 +154,7 @@ class Scrubber:
             self.passes += 1
             async with self._changed:
                 self.completed = target
+                self._latest = {scope: t for scope, t in self._latest.items() if t > target}
                 self._changed.notify_all()
 
 
@@ -221,7 +227,7 @@ class Deleter:
         if not scrub:
             return dataclasses.replace(deleted, scrub="skipped")
         if self.scrubber is not None and not full:
-            return dataclasses.replace(deleted, scrub="pending", ticket=self.scrubber.request())
+            return dataclasses.replace(deleted, scrub="pending", ticket=self.scrubber.request(tenant or ""))
         await self.scrub(full=full)
         return deleted
 

@@ -124,8 +124,9 @@ async def delete(request: Request, state: AppState, tenant: str) -> dict[str, An
 
 
 async def scrub(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
-    """Whether deleted content is scrubbed from the store's files yet (this process's deletions)."""
-    return state.admin.scrub()
+    """Whether what the caller's scope deleted is scrubbed from the store's files yet (deletions made through
+    this process: with several workers or replicas, the one that answered the DELETE)."""
+    return state.admin.scrub(tenant)
 
 
 ADMIN_ROUTES = [
