@@ -7,7 +7,10 @@ touches are ``VACUUM``ed. Both scrubs take time in proportion to what the store 
 deleted, so the benchmark builds stores of growing size (many conversations of 50 messages each, ingested
 with the real ``Ingestor``) and measures, on each: one conversation deleted as ``lcm-proxy delete`` does
 (with its scrub), the same without the scrub, the scrub alone (after a deletion without one), and a
-retention purge of a tenth of the conversations (one transaction each, one scrub at the end). The baseline,
+retention purge of a tenth of the conversations (one transaction each, one scrub at the end), and what one
+tenant deleting does to another: the latency of a second tenant's ingests while a few conversations are
+deleted one after another as ``DELETE /lcm/conversations/{id}`` does (the server's ``Deleter``, with its
+background ``Scrubber`` where there is one), until their scrub is done. The baseline,
 on the same store in the same run, is what a request through the store costs: the ingest of a re-sent
 transcript plus one new message (as ``bench/store.py`` measures it). ``python -m bench delete [--database
 URL]``: without a URL, on a throwaway cluster (tests/pg_cluster.py); with one, in databases created on that
@@ -33,6 +36,11 @@ from typing import Any
 from bench.ingest import ms
 from bench.load import fresh_database
 from proxy.engine.deletion import Deleter
+
+try:
+    from proxy.engine.deletion import Scrubber
+except ImportError:  # before the background scrub: the API's deletions scrubbed inline (a baseline run)
+    Scrubber = None  # type: ignore[assignment,misc]
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.tokens import count_text
 from proxy.store import Location
@@ -113,6 +121,8 @@ class Costs:
     scrub: list[float] = field(default_factory=list)
     purge: float = 0.0
     purged: int = 0
+    during: list[float] = field(default_factory=list)  # another tenant's ingests while one deletes
+    victims: int = 0
 
 
 async def timed(coroutine: Any) -> tuple[float, Any]:
@@ -127,8 +137,9 @@ async def measure(location: Location, n: int, repeats: int, ingests: int) -> Cos
     costs = Costs()
     count = n // LENGTH
     purged = max(1, count // 10)
-    if count < purged + 2 * repeats + 1:
+    if count < purged + 2 * repeats + 3:
         raise ValueError(f"{n} messages make too few conversations for {repeats} repetitions")
+    victims = min(10, (count - purged - 2 * repeats) // 2)  # deleted while another tenant ingests
     store, files = location.stores()
     await store.open()
     try:
@@ -146,7 +157,7 @@ async def measure(location: Location, n: int, repeats: int, ingests: int) -> Cos
         costs.build = time.perf_counter() - start
         print(f"delete: {n} messages built on {location.kind} in {costs.build:.0f} s", file=sys.stderr, flush=True)
 
-        continued = list(range(purged + 2 * repeats, count))
+        continued = list(range(purged + 2 * repeats, count - victims))
         for r in range(ingests):
             c = continued[r % len(continued)]
             messages = transcripts[c]
@@ -169,6 +180,9 @@ async def measure(location: Location, n: int, repeats: int, ingests: int) -> Cos
                 took, _ = await timed(deleter.scrub())
                 costs.scrub.append(took)
 
+            costs.victims = victims
+            costs.during = await while_deleting(store, files, ingestor, ids[count - victims :])
+
             await age(store, ids[:purged], 400 * DAY)
             costs.purge, done = await timed(deleter.purge(None, time.time() - 365 * DAY, via="retention"))
             costs.purged = len(done)
@@ -179,6 +193,41 @@ async def measure(location: Location, n: int, repeats: int, ingests: int) -> Cos
     return costs
 
 
+async def while_deleting(store: Store, files: Any, ingestor: Ingestor, victims: Sequence[str]) -> list[float]:
+    """Seconds each ingest of tenant ``bench-other`` took while ``victims`` were deleted one after another, as
+    the server's ``DELETE`` does, and scrubbed."""
+    scrubber = Scrubber(store) if Scrubber is not None else None
+    deleter = Deleter(store, files, scrubber) if scrubber is not None else Deleter(store, files)
+    finished = asyncio.Event()
+
+    async def deleting() -> None:
+        ticket = 0
+        for victim in victims:
+            ticket = getattr(await deleter.delete(None, victim, via="api"), "ticket", 0)
+        if scrubber is not None:
+            await scrubber.wait(ticket)
+            await scrubber.stop()
+        finished.set()
+
+    transcript = conversation(10**6)
+    first = await ingestor.ingest("bench-other", transcript)
+    if first.conversation_id is None:
+        raise RuntimeError("the other tenant's conversation was not stored")
+    took: list[float] = []
+    task = asyncio.create_task(deleting())
+    r = 0
+    while not finished.is_set():
+        role = "user" if len(transcript) % 2 else "assistant"
+        transcript.append({"role": role, "content": f"other tenant's message {r}"})
+        seconds, result = await timed(ingestor.ingest("bench-other", transcript))
+        if result.appended != 1:
+            raise RuntimeError(f"expected one message appended, got {result}")
+        took.append(seconds)
+        r += 1
+    await task
+    return took
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench delete", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -187,22 +236,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a PostgreSQL server on which the run creates and drops databases of its own (the role needs"
         " CREATEDB); default: a throwaway cluster (tests/pg_cluster.py)",
     )
+    parser.add_argument("--sizes", help="messages in the store, comma-separated (default: 2000,20000,100000)")
+    parser.add_argument("--sqlite-only", action="store_true", help="measure SQLite only")
     return parser.parse_args(argv)
 
 
 def main(quick: bool = False, argv: list[str] | None = None) -> None:
     args = parse_args(argv or [])
     sizes, repeats, ingests = (QUICK_SIZES, 3, 3) if quick else (SIZES, 7, 21)
+    if args.sizes:
+        sizes = tuple(int(size) for size in args.sizes.split(","))
     count_text("warm up the tokenizer outside the measurements")
     rows: list[tuple[int, str, Costs]] = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         server = args.database
-        if server is None:
+        if server is None and not args.sqlite_only:
             from tests.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
 
             server = stack.enter_context(Cluster()).dsn("postgres")
         for n in sizes:
             rows.append((n, "SQLite", asyncio.run(measure(Location(Path(tmp) / f"s{n}"), n, repeats, ingests))))
+            if server is None:
+                continue
             with fresh_database(server) as url:  # one database per size: the store holds n messages, no more
                 postgres = asyncio.run(measure(Location(Path(tmp) / f"p{n}", url), n, repeats, ingests))
             rows.append((n, "PostgreSQL", postgres))
@@ -230,3 +285,16 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
         "\nThe purge deletes the oldest tenth of the conversations (aged beforehand), one transaction each, and"
         " scrubs once at the end."
     )
+    print(
+        "\n### another tenant's ingests while one tenant deletes (as DELETE /lcm/conversations/{id} does, until"
+        " the deletions are scrubbed)\n"
+    )
+    print("| messages | store | deleted | ingests | ingest alone p50 ms | during p50 ms | × | during max ms | × |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
+    for n, kind, costs in rows:
+        base = statistics.median(costs.ingest)
+        p50, worst = statistics.median(costs.during), max(costs.during)
+        print(
+            f"| {n} | {kind} | {costs.victims} | {len(costs.during)} | {ms(base)} | {ms(p50)} | {p50 / base:.1f}"
+            f" | {ms(worst)} | {worst / base:.1f} |"
+        )

@@ -45,6 +45,7 @@ from proxy.wire.cors import cors_middleware
 from proxy.wire.guard import RequestGuard
 from proxy.wire.http import error_response, reported_error
 from proxy.wire.passthrough import PASSTHROUGH_ROUTES
+from proxy.wire.ratelimit import TokenBuckets
 from proxy.wire.shutdown import AnswerOnShutdown
 
 log = logging.getLogger("lcm_proxy")
@@ -74,6 +75,7 @@ class AppState:
     priority: Priority = field(init=False)  # chat requests before background summaries on local servers
     retention: Retention | None = None  # lcm_settings.retention_days: the background purge of idle conversations
     collecting: asyncio.Task[list[str]] | None = None  # startup: leftover payload files of killed processes
+    delete_limits: TokenBuckets = field(init=False)  # DELETE /lcm/conversations/{id}, per key
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
         """The model's input window and where it came from: model_info, else LiteLLM's map, else the default.
@@ -184,6 +186,9 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             # mid-request, older than any live worker's request can have been writing them.
             grace = max(PENDING_MAX_AGE, config.general_settings.request_timeout)
             state.collecting = asyncio.create_task(collect_leftovers(state.store, state.files, grace))
+        state.delete_limits = TokenBuckets(
+            config.lcm_settings.delete_rate_per_minute, config.lcm_settings.delete_burst, "deleting conversations"
+        )
         if config.lcm_settings.retention_days is not None:
             state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
             state.retention.start()
@@ -211,6 +216,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
                 await asyncio.wait({state.collecting})
             if state.retention is not None:
                 await state.retention.stop()
+            await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first
             await state.engine.close()
             await state.store.close()
 

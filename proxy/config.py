@@ -247,6 +247,9 @@ class LcmSettings(_Strict):
     # Seconds a request waits for an inline compaction; past it the request is answered from what fits and
     # the compaction finishes in the background.
     inline_compaction_seconds: float = Field(default=30.0, gt=0)
+    # A sweep's compaction lease is renewed this often and expires after three missed renewals: a killed
+    # worker or replica blocks its conversation's compaction for that long (proxy.engine.lease).
+    compaction_lease_heartbeat_seconds: float = Field(default=2.0, gt=0)
     # Context window for models whose size neither model_info nor LiteLLM's model map knows.
     default_context_window: int = Field(default=128000, ge=1024)
     # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
@@ -265,6 +268,10 @@ class LcmSettings(_Strict):
     max_summarizer_calls_per_hour: int = Field(default=120, ge=1)
     # Conversations idle this many days are deleted, at startup and hourly (proxy.engine.deletion); None: kept.
     retention_days: int | None = Field(default=None, ge=1)
+    # DELETE /lcm/conversations/{id} per key (token bucket): this many a minute on average, bursts of
+    # delete_burst; over it, a 429 with Retry-After. None: no limit.
+    delete_rate_per_minute: float | None = Field(default=30.0, gt=0)
+    delete_burst: int = Field(default=10, ge=1)
 
     @field_validator("retrieval_tools", "auto_recall", "background_yields", mode="before")
     @classmethod

@@ -318,6 +318,7 @@ def admin_probes(alice: Seeded) -> dict[tuple[str, str], tuple[str, str]]:
         ("GET", "/lcm/summaries/{id}"): (f"/lcm/summaries/{alice.summary}", SECRET),
         ("GET", "/lcm/files/{id}"): (f"/lcm/files/{alice.file}", FILE_SECRET),
         ("DELETE", "/lcm/conversations/{id}"): (f"/lcm/conversations/{c}", alice.summary),
+        ("GET", "/lcm/scrub"): ("/lcm/scrub", "done"),  # the caller's own deletions only
     }
 
 
@@ -332,6 +333,8 @@ def test_every_admin_route_hides_other_tenants_data(world: World, fake_upstream:
             if template == "/lcm/conversations":
                 assert bob.status_code == 200, bob.text  # Bob's own (possibly empty) list
                 assert world.alice.conversation not in [c["id"] for c in bob.json()["data"]]
+            elif template == "/lcm/scrub":
+                assert bob.json() == {"scrub": "done"}, bob.text  # Bob's own deletions: none
             else:
                 # Not found, never forbidden: another tenant's id is indistinguishable from an unknown one.
                 assert assert_openai_error(bob, 404)["code"] == "not_found", (template, bob.text)

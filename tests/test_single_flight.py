@@ -175,17 +175,20 @@ def test_lcm_proxy_compact_waits_for_the_servers_sweep(
         return model(body)
 
     fake_upstream.responder = respond
+    # Both "processes" share this test's event loop, which the operator's first import of LiteLLM blocks for
+    # seconds: the server's lease renewals must not lapse meanwhile (a real operator is a process of its own).
+    settings = SETTINGS.model_copy(update={"compaction_lease_heartbeat_seconds": 30.0})
     config = make_config(
         upstream_url,
         where.data_dir,
-        lcm={**SETTINGS.model_dump(), "summary_timeout": 30},
+        lcm={**settings.model_dump(), "summary_timeout": 30},
         database_url=where.database_url,
     )
 
     async def scenario() -> None:
         store, files = where.stores()
         await store.open()
-        server = ContextEngine(store, files, SETTINGS)
+        server = ContextEngine(store, files, settings)
         held = Held()
         with on_log("waits up to", summarised):
             inline = asyncio.create_task(server.prepare("t", long_turns(30), HARD, held))

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.engine import tokens
-from proxy.engine.deletion import Deleter
+from proxy.engine.deletion import Deleter, Scrubber
 from proxy.engine.engine import ContextEngine, RequestSummarizer
 from proxy.engine.errors import NotFound
 from proxy.engine.plan import view_message
@@ -66,7 +66,8 @@ class AdminViews:
         self.engine = engine
         self.recall = recall
         self.store = engine.store
-        self.deleter = Deleter(engine.store, engine.files)
+        self.scrubber = Scrubber(engine.store)  # deletions made here are scrubbed in the background
+        self.deleter = Deleter(engine.store, engine.files, self.scrubber)
 
     async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
         """The tenant's conversation with this id, else the one its client calls so (the key it sends in
@@ -179,3 +180,7 @@ class AdminViews:
         """Delete the tenant's conversation (by id or by its client's key): ``proxy.engine.deletion``."""
         c = await self._conversation(tenant, conversation_id)
         return (await self.deleter.delete(tenant, c.id, via="api")).as_json()
+
+    def scrub(self, tenant: str) -> dict[str, Any]:
+        """Whether the scrub of the tenant's deletions made through this process is done (``Scrubber``)."""
+        return self.scrubber.status(tenant)

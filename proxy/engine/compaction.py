@@ -103,7 +103,7 @@ class Compactor:
         self.settings = settings
         self.guard = guard
         self.writer = SummaryWriter(store, settings, guard)
-        self.leases = CompactionLeases(store)
+        self.leases = CompactionLeases(store, settings.compaction_lease_heartbeat_seconds)
 
     def default_sizes(self, summarizer: Summarizer | None = None) -> Sizes:
         """Sizes when no request is at hand (the operator's ``compact``): a large model's."""

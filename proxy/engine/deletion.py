@@ -19,7 +19,13 @@ Each deletion is one write transaction holding the locks of the conversation and
 it trims (in that order: child first), so concurrent deletions of sibling forks see each other's result.
 Payload contents no row names any more are deleted after the commit (``Blobs.forget``), then the store is
 scrubbed (``Store.scrub``: what that does per backend is in ``proxy.store.sqlite_delete`` and
-``proxy.store.postgres_delete``).
+``proxy.store.postgres_delete``). Once the transaction commits, nothing deleted is reachable any more (no read,
+search or recall finds it); the scrub only takes its traces out of the database's files, and its cost grows
+with the store, not with what was deleted. So the server does not scrub per deletion: its ``Scrubber`` runs
+in the background, one pass for all the deletions asked for while the previous pass ran, in bounded steps
+that leave the writer to other requests between them, and ``DELETE /lcm/conversations/{id}`` answers
+``"scrub": "pending"`` (``GET /lcm/scrub`` says when it is done). The operator's commands (``lcm-proxy delete``
+and ``purge``) have no scrubber: they scrub to the end before they exit.
 
 Every deletion logs one INFO line on ``lcm_proxy.audit``: who asked (tenant, and through what: ``api``,
 ``cli``, ``retention``), which conversation, how much went. Never content, never keys.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -58,6 +65,8 @@ class Deleted:
     files: int
     forks: int  # live forks that keep a prefix of it (0: nothing of it is left)
     kept_messages: int  # messages [0, kept_messages) kept for them
+    scrub: str = "done"  # "done" (scrubbed before it returned), "pending" (the Scrubber's ``ticket``), "skipped"
+    ticket: int = 0  # the Scrubber's pass number that scrubs it (``Scrubber.wait``)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -67,6 +76,7 @@ class Deleted:
             "summaries": self.summaries,
             "files": self.files,
             "kept_for_forks": {"forks": self.forks, "messages": self.kept_messages},
+            "scrub": self.scrub,
         }
 
 
@@ -93,10 +103,80 @@ def shared_prefix(conversation_id: str, family: Sequence[ConversationRecord]) ->
     return keep, live
 
 
+class Scrubber:
+    """The server's scrub after deletions, in the background: ``request`` (a deletion committed) returns at
+    once with a ticket; a task runs ``Store.scrub`` for every ticket given out so far, so deletions made while a
+    pass runs share the next one (a hundred deletions in a burst cost two passes, not a hundred). The store
+    scrubs in bounded steps and gives the writer back between them. ``stop`` lets a pass asked for finish:
+    scrubbing is a promise made to whoever deleted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.requested = 0  # tickets given out
+        self.completed = 0  # every ticket up to this one is scrubbed
+        self.passes = 0
+        self._latest: dict[str, int] = {}  # scope -> the ticket of its latest deletion still being scrubbed
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.completed < self.requested
+
+    def status(self, scope: str | None = None) -> dict[str, object]:
+        """Whether the deletions of ``scope`` (None: anyone's) are scrubbed yet. Per scope: whether another
+        tenant deleted something lately is none of a tenant's business."""
+        latest = self.requested if scope is None else self._latest.get(scope, 0)
+        return {"scrub": "pending" if latest > self.completed else "done"}
+
+    def request(self, scope: str = "") -> int:
+        """Ask for a pass after what was deleted so far (by ``scope``); the ticket ``wait`` takes."""
+        self.requested += 1
+        self._latest[scope] = self.requested
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="lcm-scrub")
+        return self.requested
+
+    async def wait(self, ticket: int) -> None:
+        """Until the pass of ``ticket`` is done (a test; an operator who needs to know)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.completed >= ticket)
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            log.info("finishing the scrub of deleted conversations before stopping")
+            await asyncio.shield(self._task)
+
+    async def _run(self) -> None:
+        while self.completed < self.requested:
+            target = self.requested
+            await scrub_store(self.store)
+            self.passes += 1
+            async with self._changed:
+                self.completed = target
+                self._latest = {scope: t for scope, t in self._latest.items() if t > target}
+                self._changed.notify_all()
+
+
+async def scrub_store(store: Store, *, full: bool = False) -> None:
+    """``Store.scrub``. What it could not do is a warning, not the deletion's failure: the rows are gone, and
+    the next scrub (the next deletion's, or the database's own checkpoint and autovacuum) gets there."""
+    try:
+        notes = await store.scrub(full=full)
+    except Exception:
+        log.warning("the store could not be scrubbed after deleting", exc_info=True)
+        return
+    for note in notes:
+        log.warning("after deleting: %s", note)
+
+
 class Deleter:
-    def __init__(self, store: Store, files: Blobs) -> None:
+    def __init__(self, store: Store, files: Blobs, scrubber: Scrubber | None = None) -> None:
+        """``scrubber``: the server's, which scrubs in the background; without one (the CLI, retention in a
+        process of its own) every ``delete`` and ``purge`` scrubs before it returns."""
         self.store = store
         self.files = files
+        self.scrubber = scrubber
 
     async def delete(
         self,
@@ -109,7 +189,8 @@ class Deleter:
         idle_before: float | None = None,
     ) -> Deleted:
         """Delete one conversation of ``tenant`` (None: the operator's, any tenant) by its id, then scrub the
-        store (``full``: rewriting its tables) unless ``scrub`` is False. An unknown id, a conversation of
+        store (``full``: rewriting its tables) unless ``scrub`` is False: with a ``Scrubber``, in the background
+        (the result says ``scrub="pending"`` and its ticket), else before it returns. An unknown id, a conversation of
         another tenant and one deleted already are all ``NotFound``. Shielded: a caller that goes away (a
         client hanging up) does not leave the payloads or the scrub of a committed deletion undone.
         ``idle_before`` (a purge): only if its last activity, read under its lock, is still before that time (a
@@ -143,8 +224,11 @@ class Deleter:
             deleted.files,
             f"; its first {deleted.kept_messages} messages are kept for {forks} live fork(s)" if forks else "",
         )
-        if scrub:
-            await self.scrub(full=full)
+        if not scrub:
+            return dataclasses.replace(deleted, scrub="skipped")
+        if self.scrubber is not None and not full:
+            return dataclasses.replace(deleted, scrub="pending", ticket=self.scrubber.request(tenant or ""))
+        await self.scrub(full=full)
         return deleted
 
     async def _remove(self, tx: Writes, record: ConversationRecord) -> tuple[Removed, int]:
@@ -170,15 +254,8 @@ class Deleter:
         return total, forks
 
     async def scrub(self, *, full: bool = False) -> None:
-        """``Store.scrub``. What it could not do is a warning, not the deletion's failure: the rows are gone, and
-        the next scrub (the next deletion's, or the database's own checkpoint and autovacuum) gets there."""
-        try:
-            notes = await self.store.scrub(full=full)
-        except Exception:
-            log.warning("the store could not be scrubbed after deleting", exc_info=True)
-            return
-        for note in notes:
-            log.warning("after deleting: %s", note)
+        """Scrub now, to the end (``scrub_store``)."""
+        await scrub_store(self.store, full=full)
 
     async def candidates(self, tenant: str | None, before: float | None, limit: int) -> list[ConversationRecord]:
         """What a purge would delete (at most ``limit``): conversations of ``tenant`` (None: all) last active
@@ -212,7 +289,9 @@ class Deleter:
                     done.append(await self.delete(record.tenant, record.id, via=via, scrub=False, idle_before=before))
                 except NotFound:
                     continue  # deleted meanwhile (another worker's retention pass, an API call), or in use again
-        if done or full:
+        if self.scrubber is not None and done and not full:  # retention: the server's pass, waited for
+            await self.scrubber.wait(self.scrubber.request())
+        elif done or full:
             await self.scrub(full=full)
         return done
 
@@ -264,4 +343,4 @@ class Retention:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.interval)
 
 
-__all__ = ["Deleted", "Deleter", "Retention", "shared_prefix"]
+__all__ = ["Deleted", "Deleter", "Retention", "Scrubber", "scrub_store", "shared_prefix"]

@@ -8,6 +8,16 @@ for as long as its caller allows (nothing else tells one process that another re
 works from whatever the holder committed, which is usually nothing left to do; a background sweep does not
 wait at all. A holder that died (SIGKILL) stops renewing, and its lease is taken over once it expires.
 
+The holder renews its lease every ``lcm_settings.compaction_lease_heartbeat_seconds`` (2 s) and a lease
+expires three heartbeats after its last renewal (6 s), far within a request's inline deadline
+(``inline_compaction_seconds``, 30 s): a replica killed mid-sweep blocks its conversation for seconds, not
+for the whole deadline (it was 60 s, and the next request waited its 30 s and answered with messages
+evicted). A row with a heartbeat rather than PostgreSQL's session advisory lock (which dies with its
+connection): the row works on both stores, and a session lock would leak under PgBouncer's transaction
+pooling, which the PostgreSQL store supports. A renewal that misses a heartbeat or two (a busy writer) is
+covered by the third; one that misses all three lets another sweep take over, which wastes work and nothing
+else (below).
+
 The lease saves work, not correctness: a sweep's commit still re-checks the state it was computed from, so a
 holder that lost its lease (stalled past the expiry) can only waste its work, never corrupt the context.
 """
@@ -27,15 +37,16 @@ from proxy.store.base import Store
 
 log = logging.getLogger("lcm_proxy.engine")
 
-LEASE_SECONDS = 60.0  # a lease not renewed for this long belongs to a dead holder
-RENEW_SECONDS = LEASE_SECONDS / 4
+HEARTBEAT_SECONDS = 2.0  # how often a holder renews its lease (lcm_settings.compaction_lease_heartbeat_seconds)
+HEARTBEATS_TO_EXPIRY = 3  # a lease not renewed for this many heartbeats belongs to a dead holder
 POLL_SECONDS = 0.1  # how often a waiting sweep looks at the lease again
 
 
 class CompactionLeases:
-    def __init__(self, store: Store, ttl: float = LEASE_SECONDS) -> None:
+    def __init__(self, store: Store, heartbeat: float = HEARTBEAT_SECONDS) -> None:
         self.store = store
-        self.ttl = ttl
+        self.heartbeat = heartbeat
+        self.ttl = heartbeat * HEARTBEATS_TO_EXPIRY  # each renewal sets the expiry this far ahead
         self.process = f"{socket.gethostname()}:{os.getpid()}"
 
     async def _take(self, conversation_id: str, owner: str) -> bool:
@@ -79,7 +90,7 @@ class CompactionLeases:
 
     async def _renew(self, conversation_id: str, owner: str) -> None:
         while True:
-            await asyncio.sleep(RENEW_SECONDS)
+            await asyncio.sleep(self.heartbeat)
             try:
                 async with self.store.write() as tx:
                     held = await tx.renew_compaction_lease(conversation_id, owner, self.ttl)

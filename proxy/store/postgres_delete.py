@@ -4,8 +4,9 @@ the ``VACUUM`` that follows (``PostgresStore.scrub``).
 What PostgreSQL keeps of a deleted row, and what can be done about it:
 
 * a ``DELETE`` only marks the row dead: its bytes stay in the table's pages (and in its indexes, its TOAST
-  table for long texts) until ``VACUUM`` removes them. Plain ``VACUUM``, run after every deletion on the
-  tables deletions touch, makes that space reusable and removes the index entries, without blocking readers
+  table for long texts) until ``VACUUM`` removes them. Plain ``VACUUM``, run after deletions (coalesced: one
+  pass for the deletions made while the previous one ran, ``proxy.engine.deletion.Scrubber``) on the tables
+  deletions touch, makes that space reusable and removes the index entries, without blocking readers
   or writers; it does not zero the freed space, so the bytes stay on disk until new rows overwrite them.
   ``VACUUM FULL`` (``full=True``: ``lcm-proxy purge --vacuum-full``) rewrites each table into new files and
   drops the old ones, but holds an exclusive lock on each table while it runs: every replica waits.
@@ -133,8 +134,10 @@ class PostgresRemoval:
 
 
 async def vacuum(pool: AsyncConnectionPool, *, full: bool) -> list[str]:
-    """``VACUUM`` (or ``VACUUM FULL``) the tables deletions touch, on an autocommit pooled connection."""
+    """``VACUUM`` (or ``VACUUM FULL``) the tables deletions touch, one table at a time, each on an autocommit
+    pooled connection taken for that table only (the pool's other connections serve requests meanwhile)."""
     command = "VACUUM (FULL)" if full else "VACUUM"
-    async with pool.connection() as conn:
-        await conn.execute(f"{command} {', '.join(f'lcm.{t}' for t in TABLES)}")
+    for table in TABLES:
+        async with pool.connection() as conn:
+            await conn.execute(f"{command} lcm.{table}")
     return []

@@ -31,7 +31,16 @@ import aiosqlite
 from proxy.store.migrations import MIGRATIONS, apply_migrations
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
 from proxy.store.sqlite_connect import connect, connect_on_loop
-from proxy.store.sqlite_delete import SQLiteRemoval, scrub
+from proxy.store.sqlite_delete import (
+    CHECKPOINT_STEPS,
+    FTS_TABLES,
+    MAX_SCRUB_STEPS,
+    SCRUB_PAGES,
+    SQLiteRemoval,
+    merge_step,
+    truncate_wal,
+    vacuum,
+)
 from proxy.store.sqlite_reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable
 
 if TYPE_CHECKING:
@@ -277,6 +286,8 @@ class SQLiteStore:
         self._reader: aiosqlite.Connection | None = None
         self._loop_reader: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self.scrub_pages = SCRUB_PAGES  # FTS5 pages per scrub step
+        self.scrub_steps = 0  # merge steps taken by scrubs so far
 
     async def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -351,14 +362,38 @@ class SQLiteStore:
         return problems
 
     async def scrub(self, *, full: bool = False) -> list[str]:
-        """After deletions: old index entries and page images out of the files (``proxy.store.sqlite_delete``)."""
+        """After deletions: old index entries and page images out of the files (``proxy.store.sqlite_delete``),
+        in bounded steps, each holding the writer briefly; between steps the writer goes to whoever waits for
+        it (``asyncio.Lock`` is first come, first served), and the scrub pauses as long as its step took, so
+        other processes' writers get their turn too. ``full``: then ``VACUUM``, in one long step."""
+        assert self._reader is not None, "store is not open"
+        for table in FTS_TABLES:
+            pages = -self.scrub_pages  # negative: start a merge of every segment
+            for step in range(MAX_SCRUB_STEPS):
+                start = time.monotonic()
+                worked = await self._scrub_step(merge_step, table, pages)
+                self.scrub_steps += 1
+                if not worked:
+                    break
+                pages = self.scrub_pages  # positive: carry on with the merge started
+                if step % CHECKPOINT_STEPS == CHECKPOINT_STEPS - 1:
+                    # The merge writes pages fast: checkpoint them here, off the writer, before SQLite's own
+                    # automatic checkpoint (at 1,000 pages) runs inside some commit (a request's, or a step's)
+                    # and holds the writer while it copies them and syncs the file.
+                    await self._reader.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                await asyncio.sleep(time.monotonic() - start)
+        if full:
+            await self._scrub_step(vacuum)
+        notes: list[str] = await self._scrub_step(truncate_wal)
+        return notes
+
+    async def _scrub_step(self, step: Any, *args: Any) -> Any:
         assert self._writer is not None, "store is not open"
         async with self._lock:
             if self._writer.in_transaction:
                 await self._writer.rollback()
             with busy_is_retryable():
-                notes: list[str] = await _uncancellable(scrub(self._writer, full=full))
-                return notes
+                return await _uncancellable(step(self._writer, *args))
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[WriteTransaction]:

@@ -6,8 +6,13 @@ What deleted content leaves behind in SQLite, and what takes it away:
 * freed space in the database's pages: ``PRAGMA secure_delete=ON`` on every connection of the store (set
   when it connects) zeroes content as it is deleted or overwritten, so nothing freed by the proxy lingers;
 * the full-text indexes: FTS5 records a deletion as a marker beside the old entry, which stays (the deleted
-  message's words with it) until its segment is merged. The scrub merges each index whole (``optimize``),
-  which costs time in proportion to the index. FTS5's own ``secure-delete`` option (SQLite 3.42 and later)
+  message's words with it) until its segment is merged. The scrub merges each index into one segment, which
+  costs time in proportion to the index, so it does it in bounded steps: FTS5's incremental ``merge``
+  command, about ``SCRUB_PAGES`` pages written per step, each step its own short write transaction, the
+  writer free for other requests between steps (the first step with a negative count, which starts a merge
+  of every segment like ``optimize`` does; the next ones positive, which carry that merge to its end even
+  when new segments arrive meanwhile; done when a step changes nothing, as FTS5's documentation says to tell).
+  FTS5's own ``secure-delete`` option (SQLite 3.42 and later)
   would remove entries at once, but it switches the index to a format that SQLite before 3.42 refuses
   ("invalid fts5 file format"), and the same data directory may well be opened by another Python (the CLI,
   a container), so it is not used;
@@ -29,6 +34,9 @@ import aiosqlite
 from proxy.store.records import Removed
 
 FTS_TABLES = ("messages_fts", "summaries_fts")
+SCRUB_PAGES = 16  # FTS5 pages (about 4 kB each) one scrub step writes: a few milliseconds of the writer
+CHECKPOINT_STEPS = 8  # scrub steps between the scrub's own (passive) checkpoints
+MAX_SCRUB_STEPS = 1_000_000  # per index and scrub: a bound on the loop, far beyond any store's index
 CHUNK = 500  # ids per IN (...) list: far below SQLite's 32,766 parameters
 
 # The summaries of conversation ? that rows of other conversations still reference (another conversation's
@@ -132,18 +140,30 @@ class SQLiteRemoval:
         raise TypeError("the SQLite store keeps payloads in files (FileStore.forget), not in the database")
 
 
-async def scrub(conn: aiosqlite.Connection, *, full: bool) -> list[str]:
-    """Run by ``SQLiteStore.scrub`` on its writer connection, outside any transaction, holding its lock."""
+async def merge_step(conn: aiosqlite.Connection, table: str, pages: int) -> bool:
+    """One bounded step of the scrub's merge of ``table`` (``pages`` negative: the first, which starts a merge of
+    every segment), in a transaction of its own; whether it did any work (when not, the merge is complete).
+    Run on the writer connection, outside any transaction, holding its lock."""
     await conn.execute("BEGIN IMMEDIATE")
     try:
-        for table in FTS_TABLES:
-            await conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+        before = conn.total_changes
+        await conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (pages,))
+        worked = conn.total_changes - before >= 2
         await conn.commit()
     except BaseException:
         await conn.rollback()
         raise
-    if full:
-        await conn.execute("VACUUM")
+    return worked
+
+
+async def vacuum(conn: aiosqlite.Connection) -> None:
+    """``lcm-proxy purge --vacuum-full``: the whole database rewritten, holding the writer while it runs."""
+    await conn.execute("VACUUM")
+
+
+async def truncate_wal(conn: aiosqlite.Connection) -> list[str]:
+    """The scrub's last step: the write-ahead log checkpointed and truncated (short once the merge steps ran:
+    SQLite's automatic checkpoints kept it to about a thousand pages meanwhile)."""
     async with conn.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
         busy, *_ = await cursor.fetchone() or (0,)
     if busy:

@@ -120,14 +120,25 @@ async def compact(request: Request, state: AppState, tenant: str) -> dict[str, A
 
 
 async def delete(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
-    """Delete a conversation of the caller's (``proxy.engine.deletion``); another's is an unknown id (404)."""
+    """Delete a conversation of the caller's (``proxy.engine.deletion``); another's is an unknown id (404).
+    Rate-limited per key (``lcm_settings.delete_rate_per_minute``, a 429 over it). The answer says
+    ``"scrub": "pending"``: the store is scrubbed in the background (``GET /lcm/scrub`` says when it is done),
+    while what was deleted is already unreachable."""
+    state.delete_limits.take(state.auth.caller(request).tenant)
     return await state.admin.delete(tenant, request.path_params["id"])
+
+
+async def scrub(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    """Whether what the caller's scope deleted is scrubbed from the store's files yet (deletions made through
+    this process: with several workers or replicas, the one that answered the DELETE)."""
+    return state.admin.scrub(tenant)
 
 
 ADMIN_ROUTES = [
     Route("/lcm/conversations", endpoint(conversations), methods=["GET"]),
     Route("/lcm/conversations/{id}", endpoint(conversation), methods=["GET"]),
     Route("/lcm/conversations/{id}", endpoint(delete), methods=["DELETE"]),
+    Route("/lcm/scrub", endpoint(scrub), methods=["GET"]),
     Route("/lcm/conversations/{id}/messages", endpoint(messages), methods=["GET"]),
     Route("/lcm/conversations/{id}/context", endpoint(context), methods=["GET"]),
     Route("/lcm/conversations/{id}/grep", endpoint(grep), methods=["GET"]),
