@@ -27,7 +27,7 @@ from proxy.engine.deletion import Retention
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.errors import EngineError
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
-from proxy.engine.tokens import count_text
+from proxy.engine.tokens import count_text, token_margin
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
@@ -109,8 +109,18 @@ class AppState:
 
     def margin_of(self, target: ResolvedModel) -> tuple[float, str]:
         """How much more than the proxy's o200k count the model's own tokenizer may count, and why (of several
-        deployments, the largest margin)."""
-        return largest_margin(target)
+        deployments, the largest margin). A margin measured on a deployment's refusal wins when it is larger."""
+        return largest_margin(target, self.learned_margin)
+
+    def learned_margin(self, deployment: ResolvedModel) -> tuple[float, str] | None:
+        measured = self.upstream.windows.margin(deployment)
+        if measured is None:
+            return None
+        api_base = deployment.litellm_params.get("api_base")
+        configured, source = token_margin(deployment.upstream_model, api_base, deployment.token_margin)
+        if measured <= configured:
+            return None
+        return measured, f"measured on the server's refusal; {source} says {configured:g}"
 
     def calls_tools(self, target: ResolvedModel) -> bool:
         """Whether the model makes structured tool calls: model_info, else learned from its answers, else

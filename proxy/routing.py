@@ -87,6 +87,7 @@ def effective_window(target: ResolvedModel, known: Callable[[str], int | None], 
 
 
 LearnedWindow = Callable[["ResolvedModel"], "tuple[int, str] | None"]
+LearnedMargin = Callable[["ResolvedModel"], "tuple[float, str] | None"]
 
 
 def smallest_window(
@@ -100,14 +101,19 @@ def smallest_window(
     return window, source + _among(smallest, len(found), "smallest window")
 
 
-def largest_margin(target: ResolvedModel) -> tuple[float, str]:
-    """The largest token margin among the deployments that may answer, and where it came from."""
+def largest_margin(target: ResolvedModel, learned: LearnedMargin | None = None) -> tuple[float, str]:
+    """The largest token margin among the deployments that may answer, and where it came from. ``learned``
+    gives a deployment's margin as measured on its server's refusal, when larger (``proxy.windows``)."""
     found = [
-        (token_margin(c.upstream_model, c.litellm_params.get("api_base"), c.token_margin), c)
+        ((learned and learned(c)) or _margin(c), c)
         for c in target.candidates()
     ]
     (margin, source), largest = max(found, key=lambda f: f[0][0])
     return margin, source + _among(largest, len(found), "largest margin")
+
+
+def _margin(target: ResolvedModel) -> tuple[float, str]:
+    return token_margin(target.upstream_model, target.litellm_params.get("api_base"), target.token_margin)
 
 
 def _among(chosen: ResolvedModel, count: int, what: str) -> str:

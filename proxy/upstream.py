@@ -245,6 +245,7 @@ class Upstream:
                     if not switchable(exc):
                         if is_context_length_error(exc):
                             self.windows.learn_from_refusal(candidate, exc.message)
+                        exc.deployment = candidate
                         raise
                     if not alone:
                         self.balancer.failed(candidate)

@@ -53,6 +53,33 @@ _WINDOW_PATTERNS = tuple(
 )
 
 
+# The server's own count of the prompt it refused, in the same wordings (the first that matches).
+_PROMPT_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"^request \((\d{1,9}) tokens?\)",  # llama.cpp
+        r"\((\d{1,9}) in the messages",  # vLLM, OpenAI: "(4000 in the messages, 1000 in the completion)"
+        r"requested (\d{1,9}) tokens in the messages",  # vLLM
+        r"prompt contains at least (\d{1,9}) input tokens",  # vLLM
+        r"request has (\d{1,9}) input tokens",  # vLLM
+        r"messages resulted in (\d{1,9}) tokens",  # OpenAI
+        r"^the input \((\d{1,9}) tokens?\)",  # SGLang
+    )
+)
+MARGIN_SAFETY = 1.05  # on top of a measured ratio: the next request's text may count a little higher still
+MAX_LEARNED_MARGIN = 4.0
+
+
+def stated_prompt_tokens(message: str) -> int | None:
+    """The server's count of the prompt it refused, when the refusal states it."""
+    text = message[:MAX_MESSAGE_CHARS]
+    for pattern in _PROMPT_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def key_of(target: ResolvedModel) -> str:
     """A deployment's key: its model_list entry and the model it calls (a wildcard entry calls several)."""
     return f"{target.deployment or target.alias}:{target.upstream_model}"
@@ -109,6 +136,7 @@ class ServerWindows:
     def __init__(self) -> None:
         self._learned: dict[str, Learned] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
+        self._margins: dict[str, float] = {}  # the server's count over the proxy's, measured on a refusal
 
     def get(self, target: ResolvedModel) -> Learned | None:
         return self._learned.get(key_of(target))
@@ -124,6 +152,20 @@ class ServerWindows:
         window = stated_window(message)
         if window is not None:
             self.learn(target, window, "a refusal")
+
+    def margin(self, target: ResolvedModel) -> float | None:
+        """How much more than o200k this deployment's server was seen to count (with a safety factor)."""
+        return self._margins.get(key_of(target))
+
+    def learn_margin(self, target: ResolvedModel, message: str, counted: int) -> None:
+        """A refusal that states the server's count of a prompt the proxy counted ``counted`` (o200k) tokens:
+        their ratio is the least margin the next budget must divide by."""
+        server = stated_prompt_tokens(message)
+        if server is None or counted <= 0:
+            return
+        margin = min(MAX_LEARNED_MARGIN, round(server / counted * MARGIN_SAFETY, 3))
+        key = key_of(target)
+        self._margins[key] = max(margin, self._margins.get(key, 0.0))
 
     # --- probes ------------------------------------------------------------------------------------------
 

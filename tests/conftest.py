@@ -43,6 +43,7 @@ SLOW = (
     "test_deletion.py::test_delete_and_purge_on_the_command_line",
     "test_end_users.py::test_the_cli_names_an_end_user_and_deletes_everything_of_theirs",
     "test_serving.py::test_a_dead_worker_is_replaced_and_said_at_warning",
+    "test_server_window.py::test_a_real_llama_cpp_",
 )
 TESTS = Path(__file__).parent
 

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from proxy.app import create_app
 from proxy.config import parse_config
 from proxy.engine.tokens import count_messages
-from proxy.windows import stated_window
+from proxy.windows import stated_prompt_tokens, stated_window
 from tests.fakes import FakeUpstream, Reply
 from tests.servers import serve_in_thread
 
@@ -67,6 +67,21 @@ def test_the_window_a_refusal_states(message: str, window: int | None) -> None:
     assert stated_window(message) == window
 
 
+@pytest.mark.parametrize(
+    ("message", "tokens"),
+    [
+        ("request (2066 tokens) exceeds the available context size (2048 tokens), try increasing it", 2066),
+        ("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).", 4000),
+        ("This model's maximum context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778).", 2778),
+        ("This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens.", 4097),
+        ("This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.", 130000),
+        ("the request exceeds the available context size, try increasing it", None),
+    ],
+)
+def test_the_prompt_count_a_refusal_states(message: str, tokens: int | None) -> None:
+    assert stated_prompt_tokens(message) == tokens
+
+
 # --- a fake server with a 2,048-token context ---------------------------------------------------------------
 
 
@@ -82,11 +97,16 @@ def turn_text(turn: int) -> str:
     )
 
 
+def server_count(messages: list[dict[str, Any]]) -> int:
+    """The fake server's own count: 15% above o200k, more than the margin the proxy assumes (1.1)."""
+    return int(count_messages(messages) * 1.15)
+
+
 def refusing(window: int) -> Any:
     """A llama.cpp-like responder: refuses a prompt its (here: o200k) count puts over ``window``."""
 
     def respond(body: dict[str, Any]) -> Reply:
-        tokens = count_messages(body["messages"])
+        tokens = server_count(body["messages"])
         if tokens >= window:
             return Reply(
                 status=400,
@@ -143,8 +163,8 @@ def test_a_refusal_that_states_the_window_teaches_it(
         result = chat(proxy.base_url, 40)
     # No client ever sees the server's refusal: the one that taught the window was answered within it.
     assert result.statuses == [200] * 40
-    refusals = [r for r in fake_upstream.requests if count_messages(r.body["messages"]) >= SERVER_WINDOW]
-    assert len(refusals) == 1
+    refusals = [r for r in fake_upstream.requests if server_count(r.body["messages"]) >= SERVER_WINDOW]
+    assert len(refusals) == 1  # and none after it: the window and the server's count were both learned
     learned = [r.getMessage() for r in caplog.records if "the server's context is 2048 tokens" in r.getMessage()]
     assert len(learned) == 1 and "not the configured 8192" in learned[0]
     # Later requests are budgeted for 2,048, not for 8,192: compaction started within the small window.
@@ -174,7 +194,7 @@ def test_a_server_that_reports_its_context_is_asked_before_the_first_request(tmp
         with serve_in_thread(create_app(config)) as proxy:
             result = chat(f"{proxy}/v1", 12)
     assert result.statuses == [200] * 12
-    assert all(count_messages(r.body["messages"]) < SERVER_WINDOW for r in fake.requests)  # not one refusal
+    assert all(server_count(r.body["messages"]) < SERVER_WINDOW for r in fake.requests)  # not one refusal
 
 
 def test_a_larger_server_context_never_widens_the_configured_window(tmp_path: Path) -> None:
@@ -193,6 +213,21 @@ def test_a_larger_server_context_never_widens_the_configured_window(tmp_path: Pa
     (local,) = views["data"]
     assert local["window"] == 8192
     assert local["deployments"][0]["server_window"] == 32768
+
+
+def test_check_config_says_where_the_window_may_also_come_from() -> None:
+    from proxy.config_report import model_report
+
+    config = parse_config({"model_list": [example_entry("http://127.0.0.1:8080/v1")]})
+    report = "\n".join(model_report(config, windows=lambda model: None))
+    assert "window:      8,192 tokens (model_info.max_input_tokens)" in report
+    assert "server:      its own context size when smaller, asked at startup (GET /props" in report
+    config = parse_config(
+        {"model_list": [example_entry("http://127.0.0.1:8080/v1")], "lcm_settings": {"probe_context_window": False}}
+    )
+    assert "learned from a refusal (lcm_settings.probe_context_window: false)" in "\n".join(
+        model_report(config, windows=lambda model: None)
+    )
 
 
 # --- a real llama.cpp server --------------------------------------------------------------------------------

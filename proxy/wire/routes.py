@@ -211,8 +211,11 @@ async def _compacted_retry(call: _Call, prepared: Prepared | None, error: Upstre
     if not is_context_length_error(error):
         return None
     before = call.budget
+    if error.deployment is not None:  # the server's count of what it refused, against the proxy's
+        counted = prepared.tokens_forwarded + before.tools
+        call.state.upstream.windows.learn_margin(error.deployment, error.message, counted)
     budget = call.state.budget_for(call.target, call.body)
-    if budget.window >= before.window:
+    if budget.window >= before.window and budget.margin <= before.margin:
         # Three quarters of what the server refused, turned back into a window (never above the old one).
         refused = before.output_reserve + prepared.tokens_forwarded * before.margin + before.tools
         budget = replace(before, window=int(min(before.window, refused) * CONTEXT_RETRY_SHARE))
