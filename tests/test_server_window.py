@@ -97,16 +97,16 @@ def turn_text(turn: int) -> str:
     )
 
 
-def server_count(messages: list[dict[str, Any]]) -> int:
-    """The fake server's own count: 15% above o200k, more than the margin the proxy assumes (1.1)."""
-    return int(count_messages(messages) * 1.15)
+def server_count(messages: list[dict[str, Any]], ratio: float = 1.15) -> int:
+    """The fake server's own count: by default 15% above o200k, more than the margin the proxy assumes (1.1)."""
+    return int(count_messages(messages) * ratio)
 
 
-def refusing(window: int) -> Any:
-    """A llama.cpp-like responder: refuses a prompt its (here: o200k) count puts over ``window``."""
+def refusing(window: int, ratio: float = 1.15) -> Any:
+    """A llama.cpp-like responder: refuses a prompt its own count puts over ``window``."""
 
     def respond(body: dict[str, Any]) -> Reply:
-        tokens = server_count(body["messages"])
+        tokens = server_count(body["messages"], ratio)
         if tokens >= window:
             return Reply(
                 status=400,
@@ -181,7 +181,7 @@ def test_a_refusal_that_states_the_window_teaches_it(
 
 def test_a_server_that_reports_its_context_is_asked_before_the_first_request(tmp_path: Path) -> None:
     fake = FakeUpstream()
-    fake.responder = refusing(SERVER_WINDOW)
+    fake.responder = refusing(SERVER_WINDOW, ratio=1.0)  # a count within the margin: the window alone matters
 
     async def props(request: Request) -> Response:
         return JSONResponse({"default_generation_settings": {"n_ctx": SERVER_WINDOW}, "total_slots": 1})
@@ -192,9 +192,9 @@ def test_a_server_that_reports_its_context_is_asked_before_the_first_request(tmp
             {"model_list": [example_entry(f"{url}/v1")], "general_settings": {"data_dir": str(tmp_path)}}
         )
         with serve_in_thread(create_app(config)) as proxy:
-            result = chat(f"{proxy}/v1", 12)
-    assert result.statuses == [200] * 12
-    assert all(server_count(r.body["messages"]) < SERVER_WINDOW for r in fake.requests)  # not one refusal
+            result = chat(f"{proxy}/v1", 20)  # on the configured 8,192, turn 14 would be refused
+    assert result.statuses == [200] * 20
+    assert all(server_count(r.body["messages"], 1.0) < SERVER_WINDOW for r in fake.requests)  # not one refusal
 
 
 def test_a_larger_server_context_never_widens_the_configured_window(tmp_path: Path) -> None:
