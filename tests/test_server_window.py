@@ -258,14 +258,27 @@ def llama() -> Iterator[str]:
 
 
 def _real_chat(llama: str, tmp_path: Path, probe: bool) -> tuple[Chat, dict[str, Any]]:
-    config = parse_config(
-        {
-            "model_list": [example_entry(f"{llama}/v1")],
-            "general_settings": {"data_dir": str(tmp_path), "request_timeout": 300},
-            # Summaries by a 135M model on a busy machine: bounded, the extractive fallback past the timeout.
-            "lcm_settings": {"probe_context_window": probe, "summary_timeout": 30, "inline_compaction_seconds": 20},
+    # Summaries come from the fake upstream: what is tested is the chat model's window, and a 135M model
+    # writing summaries on two cores would make the run minutes longer without testing anything more.
+    fake = FakeUpstream()
+    fake.responder = lambda body: Reply(content="The user asked about hobbies for beginners; advice was given.")
+    with serve_in_thread(fake.app) as summaries:
+        summary_model = {
+            "model_name": "summaries",
+            "litellm_params": {"model": "openai/fake", "api_base": f"{summaries}/v1", "api_key": "sk-x"},
+            "model_info": {"max_input_tokens": 32000},
         }
-    )
+        config = parse_config(
+            {
+                "model_list": [example_entry(f"{llama}/v1"), summary_model],
+                "general_settings": {"data_dir": str(tmp_path), "request_timeout": 300},
+                "lcm_settings": {"probe_context_window": probe, "summary_model": "summaries"},
+            }
+        )
+        return _chat_through(config)
+
+
+def _chat_through(config: Any) -> tuple[Chat, dict[str, Any]]:
     with serve_in_thread(create_app(config)) as proxy:
         result = chat(f"{proxy}/v1", 40, max_tokens=32)
         views = httpx.get(f"{proxy}/lcm/models", timeout=10).json()
@@ -277,9 +290,10 @@ def test_a_real_llama_cpp_refusal_teaches_the_window(llama: str, tmp_path: Path)
     result, views = _real_chat(llama, tmp_path, probe=False)
     print(f"\nrefusal teaches: statuses {result.statuses.count(200)}x200, forwarded {result.forwarded}")
     assert result.statuses == [200] * 40, result.statuses
-    (deployment,) = views["data"][0]["deployments"]
+    (local,) = [m for m in views["data"] if m["id"] == "local"]
+    (deployment,) = local["deployments"]
     assert (deployment["server_window"], deployment["learned_from"]) == (SERVER_WINDOW, "a refusal")
-    assert views["data"][0]["window"] == SERVER_WINDOW
+    assert local["window"] == SERVER_WINDOW
 
 
 @needs_llama
@@ -292,5 +306,6 @@ def test_a_real_llama_cpp_is_asked_for_its_window(
     assert refused == []  # asked before the first request: the server never refused one
     print(f"\nprobed: statuses {result.statuses.count(200)}x200, forwarded {result.forwarded}")
     assert result.statuses == [200] * 40, result.statuses
-    (deployment,) = views["data"][0]["deployments"]
+    (local,) = [m for m in views["data"] if m["id"] == "local"]
+    (deployment,) = local["deployments"]
     assert (deployment["server_window"], deployment["learned_from"]) == (SERVER_WINDOW, "GET /props")
