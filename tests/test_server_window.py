@@ -302,8 +302,12 @@ def test_a_real_llama_cpp_is_asked_for_its_window(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="lcm_proxy"):
         result, views = _real_chat(llama, tmp_path, probe=True)
-    refused = [r for r in caplog.records if "refused" in r.getMessage() and "too long" in r.getMessage()]
-    assert refused == []  # asked before the first request: the server never refused one
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage() and "too long" in r.getMessage()]
+    # Asked before the first request, the window was never taken for 8,192. The server's tokenizer may still count
+    # a prompt higher than the margin assumes (SmolLM2 counted 2,075 for 1,820 o200k tokens): at most one refusal
+    # teaches that, and its request is answered within the same 2,048.
+    assert len(refused) <= 1, refused
+    assert all("compacting to a window of 2048" in r for r in refused), refused
     print(f"\nprobed: statuses {result.statuses.count(200)}x200, forwarded {result.forwarded}")
     assert result.statuses == [200] * 40, result.statuses
     (local,) = [m for m in views["data"] if m["id"] == "local"]

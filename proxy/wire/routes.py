@@ -220,12 +220,13 @@ async def _compacted_retry(call: _Call, prepared: Prepared | None, error: Upstre
         refused = before.output_reserve + prepared.tokens_forwarded * before.margin + before.tools
         budget = replace(before, window=int(min(before.window, refused) * CONTEXT_RETRY_SHARE))
     log.warning(
-        "the upstream of model %s refused %d tokens as too long for its context: compacting to a window of %d (%s) "
-        "and retrying once",
+        "the upstream of model %s refused %d tokens as too long for its context: compacting to a window of %d (%s), "
+        "token margin %g, and retrying once",
         call.target.alias,
         prepared.tokens_forwarded,
         budget.window,
         budget.window_source if budget.window_source != before.window_source else "set model_info.max_input_tokens",
+        budget.margin,
     )
     call.budget = budget
     try:
