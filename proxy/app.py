@@ -29,15 +29,24 @@ from proxy.engine.deletion import Retention
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.errors import EngineError
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
-from proxy.engine.tokens import count_text
+from proxy.engine.tokens import count_text, token_margin
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.logs import configure_serving_logs
 from proxy.priority import Priority
-from proxy.routing import ModelRouter, ResolvedModel, largest_margin, smallest_window, upstream_of
+from proxy.routing import (
+    ModelRouter,
+    ResolvedModel,
+    deployment_of,
+    effective_window,
+    largest_margin,
+    smallest_window,
+    upstream_of,
+)
 from proxy.store.base import Blobs, Store
 from proxy.store.files import PENDING_MAX_AGE, FileStore
 from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import Upstream
+from proxy.windows import key_of
 from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
@@ -76,16 +85,50 @@ class AppState:
     retention: Retention | None = None  # lcm_settings.retention_days: the background purge of idle conversations
     collecting: asyncio.Task[list[str]] | None = None  # startup: leftover payload files of killed processes
     delete_limits: TokenBuckets = field(init=False)  # DELETE /lcm/conversations/{id}, per key
+    windows_said: set[tuple[str, int]] = field(default_factory=set)  # learned windows already logged
 
     def window_of(self, target: ResolvedModel) -> tuple[int, str]:
-        """The model's input window and where it came from: model_info, else LiteLLM's map, else the default.
-        Of several deployments (and fallbacks) the smallest: the budget must hold for whichever answers."""
-        return smallest_window(target, self.upstream.context_window, self.config.lcm_settings.default_context_window)
+        """The model's input window and where it came from: model_info, else LiteLLM's map, else the default,
+        unless the deployment's server said its context is smaller (``proxy.windows``). Of several deployments
+        (and fallbacks) the smallest: the budget must hold for whichever answers."""
+        default = self.config.lcm_settings.default_context_window
+        return smallest_window(target, self.upstream.context_window, default, self.learned_window)
+
+    def learned_window(self, deployment: ResolvedModel) -> tuple[int, str] | None:
+        """The context size the deployment's server stated, when smaller than the configured window (said once
+        at WARNING per deployment and size)."""
+        learned = self.upstream.windows.get(deployment)
+        if learned is None:
+            return None
+        default = self.config.lcm_settings.default_context_window
+        configured, source = effective_window(deployment, self.upstream.context_window, default)
+        if learned.window >= configured:
+            return None
+        said = (key_of(deployment), learned.window)
+        if said not in self.windows_said:
+            self.windows_said.add(said)
+            log.warning(
+                "model %s deployment %s (%s): the server's context is %d tokens, not the configured %d (%s); using "
+                "%d (learned from %s; set model_info.max_input_tokens: %d)",
+                deployment.alias, deployment.deployment, deployment_of(deployment), learned.window, configured,
+                source, learned.window, learned.how, learned.window,
+            )  # fmt: skip
+        return learned.window, f"the server's own context size, from {learned.how}; {source} says {configured}"
 
     def margin_of(self, target: ResolvedModel) -> tuple[float, str]:
         """How much more than the proxy's o200k count the model's own tokenizer may count, and why (of several
-        deployments, the largest margin)."""
-        return largest_margin(target)
+        deployments, the largest margin). A margin measured on a deployment's refusal wins when it is larger."""
+        return largest_margin(target, self.learned_margin)
+
+    def learned_margin(self, deployment: ResolvedModel) -> tuple[float, str] | None:
+        measured = self.upstream.windows.margin(deployment)
+        if measured is None:
+            return None
+        api_base = deployment.litellm_params.get("api_base")
+        configured, source = token_margin(deployment.upstream_model, api_base, deployment.token_margin)
+        if measured <= configured:
+            return None
+        return measured, f"measured on the server's refusal; {source} says {configured:g}"
 
     def calls_tools(self, target: ResolvedModel) -> bool:
         """Whether the model makes structured tool calls: model_info, else learned from its answers, else
@@ -194,6 +237,8 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             state.retention.start()
         for deployment in config.model_list:
             log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
+        if config.lcm_settings.probe_context_window:
+            state.upstream.probe_windows(state.router.deployments())
         log.info("conversations: %s (%s)", location.describe(), location.kind)
         log.info(
             "authentication: %s",
@@ -214,6 +259,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             if state.collecting is not None:
                 state.collecting.cancel()
                 await asyncio.wait({state.collecting})
+            await state.upstream.windows.close()
             if state.retention is not None:
                 await state.retention.stop()
             await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first

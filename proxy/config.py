@@ -252,6 +252,9 @@ class LcmSettings(_Strict):
     compaction_lease_heartbeat_seconds: float = Field(default=2.0, gt=0)
     # Context window for models whose size neither model_info nor LiteLLM's model map knows.
     default_context_window: int = Field(default=128000, ge=1024)
+    # Ask each OpenAI-compatible api_base server for its context size at startup (llama.cpp's GET /props,
+    # vLLM's /v1/models); a smaller one than configured is used instead (proxy.windows).
+    probe_context_window: bool = True
     # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
     default_output_reserve: int = Field(default=4096, ge=0)
     retrieval_tools: Literal["auto", "always", "off"] = "auto"

@@ -80,6 +80,7 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
         s = sizes(lcm, budget.for_messages(0), int(summary_window / summary_margin))
         lines += [
             f"    window:      {_n(window)} tokens ({source})",
+            *_server_window_line(config, target),
             f"    reserve:     {_n(reserve)} tokens for the answer without max_tokens"
             " (lcm_settings.default_output_reserve, at most 1/4 of the window)",
             f"    margin:      {margin:g} ({margin_source})",
@@ -91,6 +92,17 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
             f"    tool results: over {_n(s.tool_result)} tokens (lcm_settings.tool_result_token_threshold)",
         ]
     return lines
+
+
+def _server_window_line(config: ProxyConfig, target: ResolvedModel) -> list[str]:
+    """Where else the window may come from: the server itself (``proxy.windows``), when it is local."""
+    if not any(c.litellm_params.get("api_base") for c in target.candidates()):
+        return []
+    if config.lcm_settings.probe_context_window:
+        how = "asked at startup (GET /props, /v1/models) or learned from a refusal"
+    else:
+        how = "learned from a refusal (lcm_settings.probe_context_window: false)"
+    return [f"    server:      its own context size when smaller, {how}"]
 
 
 def _deployment_lines(name: str, deployments: list[ModelDeployment], strategy: str) -> list[str]:

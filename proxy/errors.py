@@ -162,6 +162,7 @@ class StoreBusyError(ProxyError):
 class UpstreamError(ProxyError):
     status = 502
     type = "upstream_error"
+    deployment: Any = None  # the deployment (``ResolvedModel``) that answered with this error, set by Upstream._call
 
 
 class UpstreamConnectionError(UpstreamError):

@@ -93,22 +93,34 @@ def effective_window(target: ResolvedModel, known: Callable[[str], int | None], 
     return default, "lcm_settings.default_context_window"
 
 
-def smallest_window(target: ResolvedModel, known: Callable[[str], int | None], default: int) -> tuple[int, str]:
+LearnedWindow = Callable[["ResolvedModel"], "tuple[int, str] | None"]
+LearnedMargin = Callable[["ResolvedModel"], "tuple[float, str] | None"]
+
+
+def smallest_window(
+    target: ResolvedModel, known: Callable[[str], int | None], default: int, learned: LearnedWindow | None = None
+) -> tuple[int, str]:
     """``effective_window`` of the deployment with the smallest one: whichever deployment answers (another of
-    the group, a fallback), what was budgeted for must fit it."""
-    found = [(effective_window(c, known, default), c) for c in target.candidates()]
+    the group, a fallback), what was budgeted for must fit it. ``learned`` gives a deployment's window as its
+    server stated it, when smaller (``proxy.windows``)."""
+    found = [((learned and learned(c)) or effective_window(c, known, default), c) for c in target.candidates()]
     (window, source), smallest = min(found, key=lambda f: f[0][0])
     return window, source + _among(smallest, len(found), "smallest window")
 
 
-def largest_margin(target: ResolvedModel) -> tuple[float, str]:
-    """The largest token margin among the deployments that may answer, and where it came from."""
+def largest_margin(target: ResolvedModel, learned: LearnedMargin | None = None) -> tuple[float, str]:
+    """The largest token margin among the deployments that may answer, and where it came from. ``learned``
+    gives a deployment's margin as measured on its server's refusal, when larger (``proxy.windows``)."""
     found = [
-        (token_margin(c.upstream_model, c.litellm_params.get("api_base"), c.token_margin), c)
+        ((learned and learned(c)) or _margin(c), c)
         for c in target.candidates()
     ]
     (margin, source), largest = max(found, key=lambda f: f[0][0])
     return margin, source + _among(largest, len(found), "largest margin")
+
+
+def _margin(target: ResolvedModel) -> tuple[float, str]:
+    return token_margin(target.upstream_model, target.litellm_params.get("api_base"), target.token_margin)
 
 
 def _among(chosen: ResolvedModel, count: int, what: str) -> str:
@@ -146,6 +158,10 @@ class ModelRouter:
     def public_names(self) -> list[str]:
         names = [name for name in self._groups if "*" not in name]
         return names + [a for a in self._shown if a not in names]
+
+    def deployments(self) -> list[ResolvedModel]:
+        """Every deployment of every model that is not a wildcard, in model_list order."""
+        return sorted((d for name in self.public_names() for d in self._tier(name, required=False)), key=_index)
 
     def group_for(self, name: str) -> tuple[str, list[tuple[int, ModelDeployment]], str] | None:
         """The model_name serving ``name`` (an alias's target's), its deployments (with their model_list index)
@@ -204,6 +220,10 @@ class ModelRouter:
         if required and not usable:
             raise ConfigError(f"the deployment of model {name!r}", list(deployments[0][1]._unresolved))
         return tuple(_resolved(name, index, deployment, captured) for index, deployment in usable)
+
+
+def _index(target: ResolvedModel) -> int:
+    return int(target.deployment.removeprefix("model_list[").removesuffix("]") or 0)
 
 
 def _resolved(name: str, index: int, deployment: ModelDeployment, captured: str) -> ResolvedModel:

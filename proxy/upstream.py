@@ -71,6 +71,7 @@ from proxy.upstream_relay import (
 )
 from proxy.upstream_shapes import response_to_json
 from proxy.upstream_stream import UpstreamStream, litellm_chunks, sse_chunks
+from proxy.windows import ServerWindows
 
 __all__ = [
     "Upstream",
@@ -195,6 +196,7 @@ class Upstream:
         self._litellm = load_litellm()
         self.balancer = Balancer(settings)  # which deployment of a model first: in-flight counts, cooldowns
         self._windows: dict[str, int | None] = {}
+        self.windows = ServerWindows()  # what each deployment's server says its context is (proxy.windows)
         self._tool_callers: dict[str, bool | None] = {}
 
     def context_window(self, model: str) -> int | None:
@@ -217,6 +219,11 @@ class Upstream:
             except Exception:  # unknown models raise
                 self._tool_callers[model] = None
         return self._tool_callers[model]
+
+    def probe_windows(self, targets: list[ResolvedModel]) -> None:
+        """Ask the servers of the deployments with an ``api_base`` that speaks OpenAI's protocol (llama.cpp,
+        vLLM, LM Studio...) for their context size, in the background (``proxy.windows``)."""
+        self.windows.start(t for t in targets if t.litellm_params.get("api_base") and _is_passthrough(t.litellm_params))
 
     def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
         kwargs, timeout = self.call_kwargs(target, stream)
@@ -267,6 +274,9 @@ class Upstream:
                 except UpstreamError as exc:
                     end()
                     if not switchable(exc):
+                        if is_context_length_error(exc):
+                            self.windows.learn_from_refusal(candidate, exc.message)
+                        exc.deployment = candidate
                         raise
                     if not alone:
                         self.balancer.failed(candidate)

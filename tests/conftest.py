@@ -46,6 +46,7 @@ SLOW = (
     "test_end_users.py::test_the_cli_names_an_end_user_and_deletes_everything_of_theirs",
     "test_serving.py::test_a_dead_worker_is_replaced_and_said_at_warning",
     "test_long_history.py",
+    "test_server_window.py::test_a_real_llama_cpp_",
 )
 TESTS = Path(__file__).parent
 

@@ -322,10 +322,20 @@ def admin_probes(alice: Seeded) -> dict[tuple[str, str], tuple[str, str]]:
     }
 
 
+CONFIGURATION_VIEWS = {("GET", "/lcm/models")}  # the proxy's models and their windows: no tenant's data
+
+
+def test_the_models_view_needs_a_key_and_names_no_upstream_credential(world: World) -> None:
+    assert assert_openai_error(httpx.get(f"{world.proxy.url}/lcm/models", timeout=30), 401)
+    view = httpx.get(f"{world.proxy.url}/lcm/models", headers=BOB, timeout=30)
+    assert view.status_code == 200 and view.json()["data"]
+    assert UPSTREAM_KEY not in view.text and "api_base" not in view.text
+
+
 def test_every_admin_route_hides_other_tenants_data(world: World, fake_upstream: FakeUpstream) -> None:
     use_model(world, fake_upstream)
     probes = admin_probes(world.alice)
-    served = {(m, p) for m, p in app_routes(world.proxy.app) if p.startswith("/lcm/")}
+    served = {(m, p) for m, p in app_routes(world.proxy.app) if p.startswith("/lcm/")} - CONFIGURATION_VIEWS
     assert served == set(probes), f"admin routes without an isolation probe: {served - set(probes)}"
     with httpx.Client(base_url=world.proxy.url, timeout=30) as client:
         for (method, template), (path, alice_sees) in sorted(probes.items()):

@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.errors import InvalidRequestError, PermissionDeniedError
+from proxy.routing import effective_window
 from proxy.scopes import user_scope
 from proxy.wire.auth import request_user
 from proxy.wire.http import JSONResponse
@@ -134,7 +135,37 @@ async def scrub(request: Request, state: AppState, tenant: str) -> dict[str, Any
     return state.admin.scrub(tenant)
 
 
+async def models(request: Request) -> Response:
+    """``GET /lcm/models``: each model's window as requests are budgeted now, and per deployment the configured
+    window and the one its server stated (``proxy.windows``). Configuration, not a tenant's data: any key."""
+    state: AppState = request.app.state.lcm
+    state.auth.caller(request)
+    default = state.config.lcm_settings.default_context_window
+    data = []
+    for name in state.router.public_names():
+        target = state.router.resolve(name)
+        window, source = state.window_of(target)
+        deployments = []
+        for candidate in target.candidates():
+            configured, configured_source = effective_window(candidate, state.upstream.context_window, default)
+            learned = state.upstream.windows.get(candidate)
+            deployments.append(
+                {
+                    "deployment": candidate.deployment,
+                    "model": candidate.upstream_model,
+                    "configured_window": configured,
+                    "configured_source": configured_source,
+                    "server_window": learned.window if learned else None,
+                    "learned_from": learned.how if learned else None,
+                    "learned_at": learned.at if learned else None,
+                }
+            )
+        data.append({"id": name, "window": window, "window_source": source, "deployments": deployments})
+    return JSONResponse({"object": "list", "data": data})
+
+
 ADMIN_ROUTES = [
+    Route("/lcm/models", models, methods=["GET"]),
     Route("/lcm/conversations", endpoint(conversations), methods=["GET"]),
     Route("/lcm/conversations/{id}", endpoint(conversation), methods=["GET"]),
     Route("/lcm/conversations/{id}", endpoint(delete), methods=["DELETE"]),

@@ -166,6 +166,7 @@ async def chat_completions(request: Request) -> Response:
         call.gone = request.is_disconnected
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
+            await state.upstream.windows.ready(call.target)  # the server's own window, when it is being asked
             call.summarizer = state.summarizer_for(call.target)
             call.budget = state.budget_for(call.target, body)
             try:
@@ -207,25 +208,38 @@ async def chat_completions(request: Request) -> Response:
         return error_response(to_proxy_error(error), headers)
 
 
-CONTEXT_RETRY_SHARE = 0.75  # of the window, for the one retry after the upstream refused the context as too long
+CONTEXT_RETRY_SHARE = 0.75  # of what was refused, for the one retry when the refusal did not state the window
 
 
 async def _compacted_retry(call: _Call, prepared: Prepared | None, error: UpstreamError) -> Prepared | None:
     """The upstream said the context is too long although it fit the proxy's count (a tokenizer that counts
     higher, a server started with a smaller window than configured): compact to a smaller budget and try once
-    more. None when there is nothing to retry."""
+    more. A refusal that stated the server's window taught it (``proxy.windows``): the retry, and every later
+    request, is budgeted for that window. Otherwise the retry gets three quarters of what was refused. None
+    when there is nothing to retry."""
     if prepared is None or prepared.conversation_id is None or call.budget is None:
         return None
     if not is_context_length_error(error):
         return None
-    budget = replace(call.budget, window=int(call.budget.window * CONTEXT_RETRY_SHARE))
+    before = call.budget
+    if error.deployment is not None:  # the server's count of what it refused, against the proxy's
+        counted = prepared.tokens_forwarded + before.tools
+        call.state.upstream.windows.learn_margin(error.deployment, error.message, counted)
+    budget = call.state.budget_for(call.target, call.body)
+    if budget.window >= before.window and budget.margin <= before.margin:
+        # Three quarters of what the server refused, turned back into a window (never above the old one).
+        refused = before.output_reserve + prepared.tokens_forwarded * before.margin + before.tools
+        budget = replace(before, window=int(min(before.window, refused) * CONTEXT_RETRY_SHARE))
     log.warning(
-        "the upstream of model %s refused %d tokens as too long for its context: compacting to a window of %d and "
-        "retrying once (set model_info.max_input_tokens to the server's real window)",
+        "the upstream of model %s refused %d tokens as too long for its context: compacting to a window of %d (%s), "
+        "token margin %g, and retrying once",
         call.target.alias,
         prepared.tokens_forwarded,
         budget.window,
+        budget.window_source if budget.window_source != before.window_source else "set model_info.max_input_tokens",
+        budget.margin,
     )
+    call.budget = budget
     try:
         return await (await call.begin(budget)).finish()
     except ContextTooLong:
