@@ -47,9 +47,13 @@ def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "## delete:" in out.stdout
-    rows = [
-        line.strip("|").split("|") for line in out.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()
-    ]
+    cost, _, during = out.stdout.partition("### another tenant's ingests")
+    assert during, "the table of another tenant's ingests during deletions is missing"
+
+    def rows_of(table: str) -> list[list[str]]:
+        return [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+
+    rows = rows_of(cost)
     assert [(row[0].strip(), row[2].strip()) for row in rows] == [
         ("500", "SQLite"),
         ("500", "PostgreSQL"),
@@ -57,3 +61,11 @@ def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
         ("2000", "PostgreSQL"),
     ]
     assert all(float(cell) > 0 for row in rows for cell in row[3:])
+    others = rows_of(during)
+    assert [(row[0].strip(), row[1].strip()) for row in others] == [
+        ("500", "SQLite"),
+        ("500", "PostgreSQL"),
+        ("2000", "SQLite"),
+        ("2000", "PostgreSQL"),
+    ]
+    assert all(int(row[3]) > 0 and float(row[4]) > 0 and float(row[5]) > 0 for row in others)  # ingests measured
