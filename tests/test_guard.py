@@ -102,7 +102,9 @@ def test_a_non_loopback_bind_without_keys_serves_only_names_a_page_cannot_rebind
 
         for host in (f"evil.test:{port}", "evil.test", "proxy.lan:4000", "localhost.evil.test"):
             assert status(host) == 403, host
-        message = error(httpx.get(f"{url}/lcm/conversations", headers={"host": f"evil.test:{port}"}), 403, "host_not_allowed")
+        message = error(
+            httpx.get(f"{url}/lcm/conversations", headers={"host": f"evil.test:{port}"}), 403, "host_not_allowed"
+        )
         assert "general_settings.allowed_hosts" in message and "api_keys" in message
         chat = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers={"host": f"evil.test:{port}"}, timeout=20)
         error(chat, 403, "host_not_allowed")
@@ -128,7 +130,9 @@ def test_a_non_loopback_bind_without_keys_serves_only_names_a_page_cannot_rebind
     with serve_in_thread(create_app(make_config(upstream_url, tmp_path / "closed"), bind_host="127.0.0.1")) as url:
         assert httpx.get(f"{url}/healthz", headers={"host": "proxy.lan:4000"}, timeout=20).status_code == 403
         assert httpx.get(f"{url}/healthz", headers={"host": "10.0.0.7:4000"}, timeout=20).status_code == 403
-    closed_keyed = make_config(upstream_url, tmp_path / "ck", host="127.0.0.1", api_keys=[{"key": "sk-lcm-x", "tenant": "t"}])
+    closed_keyed = make_config(
+        upstream_url, tmp_path / "ck", host="127.0.0.1", api_keys=[{"key": "sk-lcm-x", "tenant": "t"}]
+    )
     with serve_in_thread(create_app(closed_keyed, bind_host="127.0.0.1")) as url:
         assert httpx.get(f"{url}/healthz", headers={"host": "proxy.lan:4000"}, timeout=20).status_code == 403
 

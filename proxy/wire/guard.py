@@ -148,7 +148,8 @@ class RequestGuard:
         host = split_host(host_header) if host_header is not None else None
         if host_header is not None and not self.host_allowed(scope, host):
             # Bound beyond loopback without keys and without a list, keys would serve any name too.
-            keys = ", or set general_settings.api_keys" if self.open_bind and not self.keys and self.hosts is None else ""
+            keyless_open = self.open_bind and not self.keys and self.hosts is None
+            keys = ", or set general_settings.api_keys" if keyless_open else ""
             return PermissionDeniedError(
                 f"The Host {host_header[:100]!r} is not one this proxy serves. A browser page on another site"
                 " can reach a server on this machine under a name of its own (DNS rebinding); list the name in"
