@@ -49,4 +49,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
 # Security: the proxy binds 0.0.0.0 here so that published ports work. Without general_settings.api_keys,
 # anyone who can reach a published port can spend your upstream keys; the container is only reachable
 # through ports you publish (prefer -p 127.0.0.1:4000:4000), but set api_keys in your config anyway.
+# Without keys it answers only Host names a web page cannot rebind to it (IP addresses, localhost, the
+# container's hostname): list any other name clients use (a compose service name) in
+# general_settings.allowed_hosts.
 CMD ["lcm-proxy", "serve", "--config", "/etc/lcm-proxy/proxy.yaml", "--host", "0.0.0.0"]

@@ -51,7 +51,7 @@ from proxy.wire import routes
 from proxy.wire.admin import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.cors import cors_middleware
-from proxy.wire.guard import RequestGuard
+from proxy.wire.guard import CloseUnreadBodies, RequestGuard
 from proxy.wire.http import error_response, reported_error
 from proxy.wire.passthrough import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
@@ -283,12 +283,14 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             Exception: _internal_error,
         },
         middleware=[
+            Middleware(CloseUnreadBodies),
             *cors_middleware(config.general_settings.cors_allow_origins),
             Middleware(
                 RequestGuard,
                 allowed_hosts=config.general_settings.allowed_hosts,
                 cors_allow_origins=config.general_settings.cors_allow_origins,
                 bind_host=bind_host or config.general_settings.host,
+                keys=state.auth.enabled,
             ),
             Middleware(AnswerOnShutdown),
         ],

@@ -112,6 +112,8 @@ class PayloadTooLargeError(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+    # Refused before or part way through the body: the rest of it may still be on its way (RequestTimeoutError).
+    close_connection = True
 
 
 class RequestTimeoutError(ProxyError):

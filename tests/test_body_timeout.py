@@ -96,3 +96,83 @@ def test_the_default_is_a_minute(tmp_path: Any, upstream_url: str) -> None:
     from tests.conftest import make_config
 
     assert make_config(upstream_url, tmp_path).general_settings.body_read_timeout == 60
+
+
+# --- answered before the body was read: the connection is let go too ------------------------------------------
+
+
+def answered_early(url: str, path: str, content_type: str) -> tuple[bytes, bool]:
+    """A chunked POST whose headers go out at once and whose body trickles (a chunk per 50 ms, for up to 20 s)
+    while the server answers without reading it (a refusal, an unknown path). The answer's head, and whether
+    the server closed the connection while the client was still sending."""
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n".encode()
+    )
+    closed = threading.Event()
+
+    def drip() -> None:
+        for _ in range(400):
+            if closed.wait(0.05):  # the client's pace; it stops once the server has closed
+                return
+            try:
+                sock.sendall(b"1\r\nx\r\n")
+            except OSError:
+                return
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    data = b""
+    try:
+        # Until the server closes (recv gives b"" or the connection is reset), or the socket timeout passes
+        # (10 s without a byte): a deadline so the test cannot hang, not a measure of speed.
+        while chunk := sock.recv(65536):
+            data += chunk
+        hung_up = True
+    except ConnectionResetError:
+        hung_up = True
+    except TimeoutError:
+        hung_up = False
+    finally:
+        closed.set()
+        thread.join()
+        sock.close()
+    return data.partition(b"\r\n\r\n")[0].lower(), hung_up
+
+
+def test_a_refusal_before_the_body_closes_the_connection(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    # The guard's 415 (a text/plain body), a 404 and a 405: none reads the body, and a client trickling it would
+    # otherwise hold the connection for ever (each byte resets uvicorn's keep-alive timer).
+    for path, content_type, status in (
+        ("/v1/chat/completions", "text/plain", b" 415 "),
+        ("/v1/no-such-route", "application/json", b" 404 "),
+        ("/healthz", "application/json", b" 405 "),
+    ):
+        head, hung_up = answered_early(proxy.url, path, content_type)
+        assert status in head.split(b"\r\n")[0], head
+        assert b"connection: close" in head.split(b"\r\n"), head
+        assert hung_up, path
+    assert fake_upstream.requests == []
+
+
+def test_a_request_read_in_full_keeps_its_connection(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    chat = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(timeout=20) as client:
+        ports = []
+        for _ in range(2):
+            response = client.post(f"{proxy.base_url}/chat/completions", json=chat)
+            assert response.status_code == 200 and "connection" not in response.headers
+            ports.append(response.extensions["network_stream"].get_extra_info("client_addr"))
+        # A refusal of a request without a body keeps it too.
+        assert client.get(f"{proxy.url}/no-such-route").status_code == 404
+        assert client.get(f"{proxy.url}/healthz").status_code == 200
+    assert ports[0] == ports[1]  # both requests went over one connection
+
+
+def test_a_413_closes_the_connection_itself() -> None:
+    # Refused part way through the body, the rest may still be on its way (as with the 408).
+    from proxy.wire.http import error_response, too_large
+
+    assert error_response(too_large(10)).headers["connection"] == "close"

@@ -5,6 +5,7 @@ are not concerned. The same requests from a real browser: tests/test_browser.py.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -12,6 +13,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from starlette.testclient import TestClient
 
 from proxy.app import create_app
 from proxy.config import parse_config
@@ -85,14 +87,64 @@ def test_allowed_hosts_names_the_others(proxy_factory: Any) -> None:
     assert httpx.get(f"{anyone.url}/healthz", headers={"host": "evil.example"}, timeout=20).status_code == 200
 
 
-def test_a_non_loopback_bind_serves_any_host(upstream_url: str, tmp_path: Any) -> None:
-    # Bound to 0.0.0.0 (``--host 0.0.0.0``, the Docker image): clients use whatever name reaches the machine.
+def test_a_non_loopback_bind_without_keys_serves_only_names_a_page_cannot_rebind(
+    upstream_url: str, tmp_path: Any
+) -> None:
+    # The Docker image as shipped: bound to 0.0.0.0, no keys, published on 127.0.0.1:4000. A page at
+    # http://evil.test:4000 whose name resolves to 127.0.0.1 is same-origin with itself, so nothing but the
+    # Host stands between it and a keyless proxy.
     config = make_config(upstream_url, tmp_path / "open")
     with serve_in_thread(create_app(config, bind_host="0.0.0.0")) as url:
-        assert httpx.get(f"{url}/healthz", headers={"host": "proxy.lan:4000"}, timeout=20).status_code == 200
-    # Bound to loopback, explicitly: refused, as with the default bind.
+        port = urlsplit(url).port
+
+        def status(host: str) -> int:
+            return httpx.get(f"{url}/healthz", headers={"host": host}, timeout=20).status_code
+
+        for host in (f"evil.test:{port}", "evil.test", "proxy.lan:4000", "localhost.evil.test"):
+            assert status(host) == 403, host
+        message = error(
+            httpx.get(f"{url}/lcm/conversations", headers={"host": f"evil.test:{port}"}), 403, "host_not_allowed"
+        )
+        assert "general_settings.allowed_hosts" in message and "api_keys" in message
+        chat = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers={"host": f"evil.test:{port}"}, timeout=20)
+        error(chat, 403, "host_not_allowed")
+        # Names no page can rebind: IP addresses (what a page's own name never is), localhost, this machine's
+        # own name. Other containers and hosts on the LAN reach it so.
+        for host in (f"127.0.0.1:{port}", "localhost", f"localhost.:{port}", "app.localhost", "172.17.0.2:4000"):
+            assert status(host) == 200, host
+        assert status(f"[::1]:{port}") == 200 and status("[fd00::7]:4000") == 200
+        assert status(socket.gethostname()) == 200 and status(f"{socket.gethostname()}:{port}") == 200
+    # Listed in allowed_hosts: served (the name other containers use for it, a LAN name).
+    listed = make_config(upstream_url, tmp_path / "listed", allowed_hosts=["lcm-proxy", "proxy.lan"])
+    with serve_in_thread(create_app(listed, bind_host="0.0.0.0")) as url:
+        assert httpx.get(f"{url}/healthz", headers={"host": "lcm-proxy:4000"}, timeout=20).status_code == 200
+        assert httpx.get(f"{url}/healthz", headers={"host": "evil.test"}, timeout=20).status_code == 403
+    # With keys a rebound page is still stopped (it does not know the key): any name is served.
+    keyed = make_config(upstream_url, tmp_path / "keyed", api_keys=[{"key": "sk-lcm-guard-test", "tenant": "t"}])
+    with serve_in_thread(create_app(keyed, bind_host="0.0.0.0")) as url:
+        auth = {"authorization": "Bearer sk-lcm-guard-test"}
+        for host in ("proxy.lan:4000", "lcm-proxy:4000"):
+            served = httpx.get(f"{url}/lcm/conversations", headers={"host": host, **auth}, timeout=20)
+            assert served.status_code == 200, (host, served.text)
+    # Bound to loopback, explicitly: loopback names only, keys or not (issue 22).
     with serve_in_thread(create_app(make_config(upstream_url, tmp_path / "closed"), bind_host="127.0.0.1")) as url:
         assert httpx.get(f"{url}/healthz", headers={"host": "proxy.lan:4000"}, timeout=20).status_code == 403
+        assert httpx.get(f"{url}/healthz", headers={"host": "10.0.0.7:4000"}, timeout=20).status_code == 403
+    closed_keyed = make_config(
+        upstream_url, tmp_path / "ck", host="127.0.0.1", api_keys=[{"key": "sk-lcm-x", "tenant": "t"}]
+    )
+    with serve_in_thread(create_app(closed_keyed, bind_host="127.0.0.1")) as url:
+        assert httpx.get(f"{url}/healthz", headers={"host": "proxy.lan:4000"}, timeout=20).status_code == 403
+
+
+def test_in_a_container_the_server_address_is_not_loopback(upstream_url: str, tmp_path: Any) -> None:
+    # docker run -p 127.0.0.1:4000:4000: the request reaches the container's own address (172.17.0.x), so the
+    # loopback-address fallback never applies; the rule must hold on every server address.
+    config = make_config(upstream_url, tmp_path / "container")
+    with TestClient(create_app(config, bind_host="0.0.0.0"), base_url="http://172.17.0.2:4000") as client:
+        assert client.get("/healthz").status_code == 200  # Host: 172.17.0.2:4000, an address
+        error(client.get("/lcm/conversations", headers={"host": "evil.test:4000"}), 403, "host_not_allowed")
+        assert client.get("/healthz", headers={"host": "localhost:4000"}).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -175,6 +227,14 @@ def test_simple_cross_site_requests_run_nothing(proxy_factory: Any, fake_upstrea
     # The same compaction asked for by a tool runs, so the refusal above is what stopped it.
     compacted = httpx.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", timeout=60)
     assert compacted.status_code == 200 and compacted.json()["leaf_passes"] >= 1
+
+
+@pytest.mark.parametrize("origin", ["http://[", "http://[::1", "http://[::1]x", "http://[zz]:80", "https://[::1:4000"])
+def test_an_unparsable_origin_is_another_origin(proxy: RunningProxy, fake_upstream: FakeUpstream, origin: str) -> None:
+    # urlsplit raises on these; a request carrying one is refused like any other origin, never a 500.
+    response = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
+    assert "Origin" in error(response, 403, "cross_origin_request")
+    assert fake_upstream.requests == []
 
 
 def test_same_origin_and_tools_are_served(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:

@@ -6,7 +6,10 @@ it shows. Three checks, before any route runs (``RequestGuard``), each answered 
 * **Host** (DNS rebinding). A page at ``http://evil.test`` whose name is made to resolve to 127.0.0.1 reads the
   proxy as its own origin, but its requests say ``Host: evil.test``. A request that reached the proxy on a
   loopback address must name a loopback host (``localhost`` and ``*.localhost``, 127.0.0.0/8, ``::1``, any
-  port), unless the server was started bound to a non-loopback address (``--host 0.0.0.0``: then any host).
+  port). Bound to a non-loopback address (``--host 0.0.0.0``, the Docker image), a proxy with keys serves any
+  host (a rebound page does not know the key); one without keys serves only the names no page can rebind to
+  it: IP addresses (a page's own name is never one), the loopback names and this machine's own name
+  (``socket.gethostname()``), whatever address the request reached (in a container, its own address).
   ``general_settings.allowed_hosts`` replaces that default: the loopback names plus the names listed (a
   leading dot takes a domain and its subdomains), or ``"*"`` for any. Refused: 403 ``host_not_allowed``.
 * **Cross-site requests** (CSRF). A page may send a "simple" request (GET, or a POST of ``text/plain``, a
@@ -26,12 +29,13 @@ it shows. Three checks, before any route runs (``RequestGuard``), each answered 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import PermissionDeniedError, ProxyError, UnsupportedMediaTypeError
 from proxy.wire.http import error_response
@@ -64,6 +68,15 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     if not name or any(c in name for c in "/@?#\\ "):
         return None
     return name, int(port_text) if port_text is not None else None
+
+
+def is_address(name: str) -> bool:
+    """An IP address (v6 without its brackets): what a page's own name, the one it is rebound under, never is."""
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(name: str) -> bool:
@@ -108,11 +121,16 @@ class RequestGuard:
         allowed_hosts: list[str] | None,
         cors_allow_origins: list[str],
         bind_host: str | None,
+        keys: bool = False,
     ) -> None:
         self.app = app
-        # Unset: the loopback default, unless the server was bound to a non-loopback address.
+        # Unset: the loopback default; bound to a non-loopback address, any host with keys, the names no page
+        # can rebind without them.
         self.hosts = Hosts.of(allowed_hosts) if allowed_hosts is not None else None
         self.open_bind = bind_host is not None and not is_loopback(bind_host.strip("[]").lower())
+        self.keys = keys
+        own = socket.gethostname().strip().lower().rstrip(".")
+        self.own_names = frozenset({own} if own and not is_address(own) else ())
         self.origins = frozenset(cors_allow_origins)
         self.any_origin = "*" in self.origins
 
@@ -129,10 +147,13 @@ class RequestGuard:
         host_header = headers.get("host")
         host = split_host(host_header) if host_header is not None else None
         if host_header is not None and not self.host_allowed(scope, host):
+            # Bound beyond loopback without keys and without a list, keys would serve any name too.
+            keyless_open = self.open_bind and not self.keys and self.hosts is None
+            keys = ", or set general_settings.api_keys" if keyless_open else ""
             return PermissionDeniedError(
                 f"The Host {host_header[:100]!r} is not one this proxy serves. A browser page on another site"
-                " can reach a server on this machine under a name of its own (DNS rebinding); add the name to"
-                " general_settings.allowed_hosts if it is yours.",
+                " can reach a server on this machine under a name of its own (DNS rebinding); list the name in"
+                f" general_settings.allowed_hosts if it is yours{keys}.",
                 code="host_not_allowed",
             )
         if scope["method"] != "OPTIONS":
@@ -149,7 +170,9 @@ class RequestGuard:
         if self.hosts is not None:
             return self.hosts.allows(host[0])
         if self.open_bind:
-            return True
+            # Keys stop a rebound page (it does not know them). Without, the names it cannot rebind: on every
+            # server address, since in a container the request reaches the container's own.
+            return self.keys or is_address(host[0]) or is_loopback(host[0]) or host[0] in self.own_names
         # The loopback default, where it can matter: requests that reached the proxy on a loopback address
         # (all of them when it is bound to one). An in-process client has no such address.
         server = scope.get("server")
@@ -197,9 +220,49 @@ def _same_origin(origin: str, host: tuple[str, int | None] | None) -> bool:
     (a ``Host`` without one has the origin's scheme's default)."""
     if host is None:
         return False
-    parts = urlsplit(origin)
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False  # "http://[" and the like: no origin we know, so another one
     netloc = split_host(parts.netloc) if parts.scheme in DEFAULT_PORTS else None
     if netloc is None:
         return False  # "null" (a sandboxed frame, a file: page) or no origin we know
     default = DEFAULT_PORTS[parts.scheme]
     return netloc[0] == host[0].strip("[]") and (netloc[1] or default) == (host[1] or default)
+
+
+class CloseUnreadBodies:
+    """ASGI middleware, outermost: an answer sent before its request's body was received in full closes the
+    connection (``connection: close``). The guard's refusals, a 401, a 404 or 405, a 413 answer without
+    reading the body; uvicorn then discards the rest of it, but each byte that arrives resets its keep-alive
+    timer, so a client trickling a body would hold the connection for ever (``body_read_timeout`` only bounds
+    the reads a handler makes)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        length = headers.get("content-length", "").strip()
+        if "transfer-encoding" not in headers and length in ("", "0"):
+            await self.app(scope, receive, send)  # no body announced: nothing left unread
+            return
+        received = False
+
+        async def tracked() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                received = True
+            return message
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and not received:
+                message.setdefault("headers", [])
+                MutableHeaders(scope=message)["connection"] = "close"
+            await send(message)
+
+        await self.app(scope, tracked, closing)
