@@ -28,6 +28,7 @@ from proxy.engine.admin import AdminViews
 from proxy.engine.deletion import Retention
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.errors import EngineError
+from proxy.engine.neutralise import warm_up as neutralise_warm_up
 from proxy.engine.recall import RECALL_TOOLS, RecallTools
 from proxy.engine.tokens import count_text, token_margin
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
@@ -251,6 +252,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             # the heap moves those objects out of the collector's sight; a full collection then takes ~2 ms.
             await state.upstream.warm_up()
             recall_tool_tokens()  # loads the tokenizer now, not in the first request (a ~200 ms stall of the loop)
+            await asyncio.to_thread(neutralise_warm_up)  # the fold's table (~0.2 s), not in the first request
             gc.collect()
             gc.freeze()
         try:

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import functools
 import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -188,6 +190,16 @@ MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale
 
 
 # --- calls -------------------------------------------------------------------------------------------------
+
+
+# LiteLLM's synchronous embedding calls (deployments the relay cannot call) at most this many at a time, in
+# threads of their own; more wait their turn in the pool's queue, off the event loop and the default executor.
+EMBEDDING_THREADS = 4
+
+
+@functools.cache
+def _embedding_threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(EMBEDDING_THREADS, thread_name_prefix="lcm-embeddings")
 
 
 class Upstream:
@@ -383,7 +395,10 @@ class Upstream:
             if base and key:
                 limit = self._settings.max_upstream_response_bytes
                 return await relay("/embeddings", kwargs, model, base, key, EMBEDDING_FIELDS, limit, upstream)
-        return await asyncio.to_thread(self._embedding_json, kwargs, upstream)
+        # Not the default executor (asyncio.to_thread): chat's work runs there (JSON parsing, ingest hashing, file
+        # reads, recall grep), and slow upstreams holding each thread up to request_timeout would stall it.
+        call = functools.partial(contextvars.copy_context().run, self._embedding_json, kwargs, upstream)
+        return await asyncio.get_running_loop().run_in_executor(_embedding_threads(), call)
 
     def _embedding_json(self, kwargs: dict[str, Any], upstream: str) -> bytes:
         result = self._litellm.embedding(**kwargs)

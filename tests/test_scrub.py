@@ -143,6 +143,71 @@ def test_server_deletions_are_scrubbed_in_the_background_many_in_one_pass(where:
     run(scenario())
 
 
+def test_a_failed_scrub_stays_pending_and_is_retried(where: Location, caplog: pytest.LogCaptureFixture) -> None:
+    """A pass whose ``Store.scrub`` raises does not count as done: the status stays "pending", the failure is a
+    warning without content, and the pass is retried (after a backoff) until it succeeds."""
+
+    async def scenario() -> None:
+        engine, store, files, ids = await populated(where, 1)
+        try:
+            scrubber = Scrubber(store, retry_after=0.0)
+            deleter = Deleter(store, files, scrubber)
+            scrub, calls, retrying, gate = store.scrub, [], asyncio.Event(), asyncio.Event()
+
+            async def failing_once(*, full: bool = False) -> list[str]:
+                calls.append(full)
+                if len(calls) == 1:
+                    raise RuntimeError("disk I/O error")
+                retrying.set()
+                await gate.wait()
+                return await scrub(full=full)
+
+            store.scrub = failing_once
+            deleted = await deleter.delete("t", ids[0], via="api")
+            await asyncio.wait_for(retrying.wait(), 30)  # before the fix: never retried, so this times out
+            # The first pass failed; the retry is under way: nothing is scrubbed yet, and the status says so.
+            assert scrubber.status("t") == scrubber.status() == {"scrub": "pending"}
+            assert scrubber.completed < deleted.ticket
+            gate.set()
+            await scrubber.wait(deleted.ticket)
+            assert scrubber.status("t") == {"scrub": "done"} and len(calls) == 2
+            warnings = [r for r in caplog.records if r.levelname == "WARNING" and "scrub" in r.getMessage()]
+            assert warnings and all(MARKER not in r.getMessage() for r in warnings)
+            if isinstance(store, SQLiteStore):
+                assert holding(where.data_dir, MARKER) == []
+            await scrubber.stop()
+        finally:
+            await engine.close()
+            await store.close()
+
+    run(scenario())
+
+
+def test_stopping_does_not_wait_for_a_store_that_keeps_failing(where: Location) -> None:
+    """``stop`` lets a pass under way finish, but does not wait out the retries of one that keeps failing."""
+
+    async def scenario() -> None:
+        engine, store, files, ids = await populated(where, 1)
+        try:
+            scrubber = Scrubber(store, retry_after=3600.0)
+            failed = asyncio.Event()
+
+            async def failing(*, full: bool = False) -> list[str]:
+                failed.set()
+                raise RuntimeError("disk I/O error")
+
+            store.scrub = failing
+            await Deleter(store, files, scrubber).delete("t", ids[0], via="api")
+            await failed.wait()
+            await asyncio.wait_for(scrubber.stop(), 30)
+            assert scrubber.status() == {"scrub": "pending"}
+        finally:
+            await engine.close()
+            await store.close()
+
+    run(scenario())
+
+
 ALICE_KEY, BOB_KEY = "sk-alice-0000000", "sk-bob-11111111"
 KEYS = [{"key": ALICE_KEY, "tenant": "alice"}, {"key": BOB_KEY, "tenant": "bob"}]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import struct
 import threading
 import time
@@ -217,6 +218,60 @@ def test_a_deployment_litellm_calls_answers_embeddings_from_a_worker_thread(
     floats = list(struct.unpack("<3f", base64.b64decode(vector))) if encoding == "base64" else vector
     assert len(data) == 2 and floats == [0.25, -0.5, 1.0]
     assert on_loop == [False]  # called once, in a worker thread
+
+
+def test_held_litellm_embeddings_do_not_starve_the_chat_path(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
+) -> None:
+    """LiteLLM's synchronous embeddings calls run in a bounded pool of their own: more of them held upstream
+    than the default thread pool has threads (which chat uses: ingest hashing, JSON parsing, file reads) leave
+    a chat request its threads, and it completes while they are all still held."""
+    params = {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": UPSTREAM_KEY}
+    proxy = proxy_factory(models=[{"model_name": "org", "litellm_params": {**params, "organization": "org-1"}}])
+    upstream = proxy.app.state.lcm.upstream
+    default_threads = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default max_workers
+    held_calls = default_threads + 2
+    release, entered, lock = threading.Event(), threading.Event(), threading.Lock()
+    count = [0]
+    original_embedding, original_route = upstream._litellm.embedding, upstream._embedding
+
+    def held(**kwargs: Any) -> Any:  # an upstream that has not answered yet: the calling thread waits
+        release.wait()
+        return original_embedding(**kwargs)
+
+    async def counted(kwargs: dict[str, Any], name: str) -> Any:
+        with lock:
+            count[0] += 1
+            if count[0] == held_calls:
+                entered.set()
+        return await original_route(kwargs, name)  # hands the call to a thread before the loop goes on
+
+    upstream._litellm.embedding, upstream._embedding = held, counted
+    answers: list[int] = []
+
+    def embed() -> None:
+        response = httpx.post(f"{proxy.base_url}/embeddings", json={"model": "org", "input": "x"}, timeout=120)
+        answers.append(response.status_code)
+
+    senders = [threading.Thread(target=embed) for _ in range(held_calls)]
+    try:
+        for sender in senders:
+            sender.start()
+        assert entered.wait(60)  # every embeddings call is handed to a thread and held
+        chat = httpx.post(
+            f"{proxy.base_url}/chat/completions",
+            json={"model": "test-model", "messages": [{"role": "user", "content": "Still there?"}]},
+            timeout=20,  # before the fix: the default pool's threads were all held, and this timed out
+        )
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["choices"][0]["message"]["content"] == "echo: Still there?"
+        assert not answers  # the embeddings are all still held: the chat did not wait for them
+    finally:
+        release.set()
+        for sender in senders:
+            sender.join(120)
+        upstream._litellm.embedding, upstream._embedding = original_embedding, original_route
+    assert answers == [200] * held_calls
 
 
 def test_a_malformed_embeddings_answer_is_a_502(proxy: Any, fake_upstream: FakeUpstream) -> None:

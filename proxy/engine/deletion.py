@@ -110,11 +110,18 @@ class Scrubber:
     scrubs in bounded steps and gives the writer back between them. ``stop`` lets a pass asked for finish:
     scrubbing is a promise made to whoever deleted."""
 
-    def __init__(self, store: Store) -> None:
+    RETRY_MAX = 300.0  # seconds: the longest wait between two tries of a pass that keeps failing
+
+    def __init__(self, store: Store, *, retry_after: float = 5.0) -> None:
+        """``retry_after``: the wait before retrying a pass whose scrub failed, doubled after every failure in a
+        row (up to ``RETRY_MAX``); the tickets of a failed pass stay pending until a pass succeeds."""
         self.store = store
+        self.retry_after = retry_after
         self.requested = 0  # tickets given out
         self.completed = 0  # every ticket up to this one is scrubbed
         self.passes = 0
+        self.failures = 0  # passes in a row whose scrub failed
+        self._stopping = asyncio.Event()
         self._latest: dict[str, int] = {}  # scope -> the ticket of its latest deletion still being scrubbed
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -143,6 +150,9 @@ class Scrubber:
             await self._changed.wait_for(lambda: self.completed >= ticket)
 
     async def stop(self) -> None:
+        """Let a pass under way finish (a failed one is not retried any more: its deletions stay unscrubbed until
+        the next deletion after a restart, or the database's own checkpoint and autovacuum)."""
+        self._stopping.set()
         if self._task is not None and not self._task.done():
             log.info("finishing the scrub of deleted conversations before stopping")
             await asyncio.shield(self._task)
@@ -150,24 +160,38 @@ class Scrubber:
     async def _run(self) -> None:
         while self.completed < self.requested:
             target = self.requested
-            await scrub_store(self.store)
+            scrubbed = await scrub_store(self.store)
             self.passes += 1
+            if not scrubbed:
+                self.failures += 1
+                if self._stopping.is_set():
+                    return
+                delay = min(self.retry_after * 2 ** (self.failures - 1), self.RETRY_MAX)
+                log.warning("the scrub after deleting is still pending; retrying in %.0f s", delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                if self._stopping.is_set():
+                    return
+                continue
+            self.failures = 0
             async with self._changed:
                 self.completed = target
                 self._latest = {scope: t for scope, t in self._latest.items() if t > target}
                 self._changed.notify_all()
 
 
-async def scrub_store(store: Store, *, full: bool = False) -> None:
-    """``Store.scrub``. What it could not do is a warning, not the deletion's failure: the rows are gone, and
-    the next scrub (the next deletion's, or the database's own checkpoint and autovacuum) gets there."""
+async def scrub_store(store: Store, *, full: bool = False) -> bool:
+    """``Store.scrub``; whether it ran. What it could not do is a warning, not the deletion's failure: the rows
+    are gone, and the next scrub (a ``Scrubber``'s retry, the next deletion's, or the database's own checkpoint
+    and autovacuum) gets there. The warning names the error's type only (a driver's message may quote data)."""
     try:
         notes = await store.scrub(full=full)
-    except Exception:
-        log.warning("the store could not be scrubbed after deleting", exc_info=True)
-        return
+    except Exception as exc:
+        log.warning("the store could not be scrubbed after deleting (%s)", type(exc).__name__)
+        return False
     for note in notes:
         log.warning("after deleting: %s", note)
+    return True
 
 
 class Deleter:

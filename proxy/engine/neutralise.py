@@ -10,9 +10,11 @@ tool-output stubs with their exploration summaries, and what the recall tools wr
   user]``, ``[… to … | summary sum_…]``), anywhere in a line, has its ``[`` escaped (``&#91;``). The
   summary model's input (``render_message``, previous notes, child summaries) gets this part too: what it
   reads as a turn or a note must be one. Detection reads the text *folded*
-  (``fold``): zero-width characters, soft hyphens, bidi controls and other invisible format characters
-  ignored; full-width, small and mathematical forms (NFKC), look-alike letters (Cyrillic ``і``, ``о``,
-  ``а``…, Greek ``ο``…) and look-alike angles and brackets (``‹›``, ``⟨⟩``, ``〈〉``, ``＜＞``) read as ASCII.
+  (``fold``, over every code point): zero-width characters, soft hyphens, bidi controls and every other
+  format character (category Cf, above the BMP too) and combining mark (Mn, Me) ignored; full-width, small,
+  mathematical and accented forms (the NFKD base), look-alike letters of any script (Unicode's confusables
+  of ``a``–``z``, ``A``–``Z``: Cyrillic ``і``, Armenian ``ս``, Cherokee ``Ꮪ``, Greek ``ο``…) and look-alike
+  angles and brackets (``‹›``, ``⟨⟩``, ``〈〉``, ``＜＞``) read as ASCII.
   The fold maps every character to exactly one, so a match's position is the original's.
 * **Instruction overrides removed** (``remove_instruction_overrides``): sentences that try to take over
   their reader ("Ignore all previous instructions…") become ``REMOVED_MARKER``, the same filter model-written
@@ -26,8 +28,11 @@ by fixed characters.
 from __future__ import annotations
 
 import functools
+import json
 import re
+import string
 import unicodedata
+from importlib import resources
 
 # --- the fold ----------------------------------------------------------------------------------------------
 
@@ -62,27 +67,61 @@ _INVISIBLE = "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u3164\uffa0" + ""
 _ASCII_KEPT = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789<>/[]|_-:. \t\n")
 
 
+# Where Unicode assigns characters other than private-use ones: planes 0-3 and plane 14 (tags, variation
+# selectors). Planes 4-13 hold no assigned code point and 15-16 only private use (tests/test_hostile_content.py
+# checks this against the running unicodedata), so the fold covers the whole range 0..0x10FFFF.
+_ASSIGNED_PLANES = (range(0x80, 0x40000), range(0xE0000, 0xF0000))
+
+
+def _confusable_letters() -> dict[str, str]:
+    """Each character Unicode's confusables (TR39 ``confusables.txt``, as the ``confusable_homoglyphs`` package
+    ships it) lists as a look-alike of an ASCII letter, mapped to that letter. Single characters only: a
+    look-alike of a sequence ("rn" for "m") cannot keep the fold one-to-one."""
+    data = json.loads(resources.files("confusable_homoglyphs").joinpath("confusables.json").read_bytes())
+    letters: dict[str, str] = {}
+    for letter in sorted(string.ascii_letters):  # a fixed order: the mapping is the same on every start
+        for entry in data.get(letter, ()):
+            char = entry["c"]
+            if len(char) == 1 and not char.isascii():
+                letters.setdefault(char, letter)
+    return letters
+
+
 @functools.cache
 def _table() -> dict[int, str]:
-    """The fold as a ``str.translate`` table (built on first use, a few tens of milliseconds)."""
+    """The fold as a ``str.translate`` table, over every code point (built on first use, once: about 0.2 s
+    on a 2-core machine, 4,300 entries; ``warm_up`` builds it off the request path)."""
     table: dict[int, str] = {}
-    for code in (*range(0x80, 0x10000), *range(0x1D400, 0x1D800)):
-        char = chr(code)
-        if unicodedata.category(char) == "Cf":
-            table[code] = IGNORED
-            continue
-        folded = unicodedata.normalize("NFKC", char)
-        if len(folded) == 1 and folded in _ASCII_KEPT:
-            table[code] = folded
-        elif unicodedata.category(char) == "Zs":
-            table[code] = " "
-    for code in range(0xE0000, 0xE0080):  # tag characters
-        table[code] = IGNORED
+    confusable = _confusable_letters()
+    for plane in _ASSIGNED_PLANES:
+        for code in plane:
+            char = chr(code)
+            category = unicodedata.category(char)
+            if category in ("Cn", "Co", "Cs"):
+                continue
+            if category in ("Cf", "Mn", "Me"):  # format characters and combining marks: invisible in a name
+                table[code] = IGNORED
+                continue
+            if category == "Zs":
+                table[code] = " "
+                continue
+            # The compatibility decomposition's base: full-width, small, mathematical and accented forms.
+            decomposed = unicodedata.normalize("NFKD", char) if unicodedata.decomposition(char) else char
+            base = "".join(c for c in decomposed if not unicodedata.combining(c))
+            if len(base) == 1 and base in _ASCII_KEPT:
+                table[code] = base
+            elif char in confusable:
+                table[code] = confusable[char]
     for char in _INVISIBLE:
         table[ord(char)] = IGNORED
     for char, ascii_char in _LOOKALIKES.items():
         table[ord(char)] = ascii_char
     return table
+
+
+def warm_up() -> None:
+    """Build the fold's table now (at startup, in a worker thread) rather than on the first non-ASCII text."""
+    _table()
 
 
 def fold(text: str) -> str:
