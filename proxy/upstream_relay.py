@@ -106,18 +106,24 @@ def _parse_error(raw: bytes) -> Any:
         return {"error": {"message": text}} if text else None
 
 
-async def read_error(response: httpx.Response) -> StatusError:
-    """The error answer, read up to ``ERROR_BODY_BYTES`` (the rest is not read) and parsed off the loop."""
+async def _read_capped(chunks: AsyncIterator[bytes], response: httpx.Response) -> bytes:
+    """At most ``ERROR_BODY_BYTES`` of an error answer (the rest is never read); the response is closed."""
     data = bytearray()
     try:
-        async for chunk in response.aiter_raw(CHUNK_BYTES):
+        async for chunk in chunks:
             data += chunk
             if len(data) >= ERROR_BODY_BYTES:
                 del data[ERROR_BODY_BYTES:]
                 break
     finally:
         await response.aclose()
-    return StatusError(response, await asyncio.to_thread(_parse_error, bytes(data)))
+    return bytes(data)
+
+
+async def read_error(response: httpx.Response) -> StatusError:
+    """The error answer, read up to ``ERROR_BODY_BYTES`` and parsed off the loop."""
+    raw = await _read_capped(response.aiter_raw(CHUNK_BYTES), response)
+    return StatusError(response, await asyncio.to_thread(_parse_error, raw))
 
 
 # --- error bodies of LiteLLM's calls -------------------------------------------------------------------------
@@ -154,16 +160,7 @@ async def bound_error_body(response: httpx.Response) -> None:
     KB. The provider's status, headers, ``type``, ``code`` and the start of its message are kept."""
     if response.status_code < 400:
         return
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_bytes(CHUNK_BYTES):
-            data += chunk
-            if len(data) >= ERROR_BODY_BYTES:
-                del data[ERROR_BODY_BYTES:]
-                break
-    finally:
-        await response.aclose()
-    raw = bytes(data)
+    raw = await _read_capped(response.aiter_bytes(CHUNK_BYTES), response)
     if len(raw) > SMALL_ERROR_BYTES:
         raw = await asyncio.to_thread(_small_error, raw)
     response._content = raw  # what aread(), .content and .text return from now on (the stream is closed)

@@ -61,7 +61,8 @@ class Trickle:
         return int(status_line.split(b" ", 2)[1]), [line.lower() for line in lines], orjson.loads(body)
 
 
-def check_timed_out(proxy: RunningProxy, fake: FakeUpstream, path: str, content_type: str, start: bytes) -> None:
+def check_timed_out(proxy: RunningProxy, fake: FakeUpstream, path: str, content_type: str, start: bytes) -> str:
+    """Trickle a body to ``path``: the answer's error code, once everything else about it is checked."""
     trickle = Trickle(proxy.url, path, content_type, start)
     # While the upload trickles, the server answers others.
     assert httpx.get(f"{proxy.url}/healthz", timeout=10).status_code == 200
@@ -74,22 +75,25 @@ def check_timed_out(proxy: RunningProxy, fake: FakeUpstream, path: str, content_
     # And afterwards: a whole request is served as ever.
     chat = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(f"{proxy.base_url}/chat/completions", json=chat, timeout=20).status_code == 200
+    return str(body["error"]["code"])
 
 
 def test_a_trickled_json_body_is_a_408(proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
     proxy = proxy_factory(body_read_timeout=TIMEOUT)
-    check_timed_out(proxy, fake_upstream, "/v1/chat/completions", "application/json", b'{"model": ')
+    code = check_timed_out(proxy, fake_upstream, "/v1/chat/completions", "application/json", b'{"model": ')
+    assert code == "request_timeout"
 
 
 def test_a_trickled_multipart_upload_is_a_408(proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
     proxy = proxy_factory(body_read_timeout=TIMEOUT)
-    check_timed_out(
+    code = check_timed_out(
         proxy,
         fake_upstream,
         "/v1/audio/transcriptions",
         "multipart/form-data; boundary=edge",
         b'--edge\r\nContent-Disposition: form-data; name="file"; filename="clip.wav"\r\n\r\n',
     )
+    assert code == "request_timeout"
 
 
 def test_the_default_is_a_minute(tmp_path: Any, upstream_url: str) -> None:
