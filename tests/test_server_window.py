@@ -123,6 +123,7 @@ def refusing(window: int, ratio: float = 1.15) -> Any:
 class Chat:
     statuses: list[int] = field(default_factory=list)
     forwarded: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)  # the whole transcript, as the proxy counted it
     compactions: list[str] = field(default_factory=list)
 
 
@@ -141,6 +142,7 @@ def chat(base_url: str, turns: int, model: str = "local", max_tokens: int | None
             if response.status_code == 200:
                 messages.append(response.json()["choices"][0]["message"])
                 result.forwarded.append(int(response.headers["x-lcm-tokens-forwarded"]))
+                result.sent.append(int(response.headers["x-lcm-tokens-sent"]))
                 result.compactions.append(response.headers["x-lcm-compaction"])
     return result
 
@@ -257,7 +259,7 @@ def llama() -> Iterator[str]:
         yield url
 
 
-def _real_chat(llama: str, tmp_path: Path, probe: bool) -> tuple[Chat, dict[str, Any]]:
+def _real_chat(llama: str, tmp_path: Path, probe: bool, turns: int) -> tuple[Chat, dict[str, Any]]:
     # Summaries come from the fake upstream: what is tested is the chat model's window, and a 135M model
     # writing summaries on two cores would make the run minutes longer without testing anything more.
     fake = FakeUpstream()
@@ -275,19 +277,19 @@ def _real_chat(llama: str, tmp_path: Path, probe: bool) -> tuple[Chat, dict[str,
                 "lcm_settings": {"probe_context_window": probe, "summary_model": "summaries"},
             }
         )
-        return _chat_through(config)
+        return _chat_through(config, turns)
 
 
-def _chat_through(config: Any) -> tuple[Chat, dict[str, Any]]:
+def _chat_through(config: Any, turns: int) -> tuple[Chat, dict[str, Any]]:
     with serve_in_thread(create_app(config)) as proxy:
-        result = chat(f"{proxy}/v1", 40, max_tokens=32)
+        result = chat(f"{proxy}/v1", turns, max_tokens=32)
         views = httpx.get(f"{proxy}/lcm/models", timeout=10).json()
     return result, views
 
 
 @needs_llama
 def test_a_real_llama_cpp_refusal_teaches_the_window(llama: str, tmp_path: Path) -> None:
-    result, views = _real_chat(llama, tmp_path, probe=False)
+    result, views = _real_chat(llama, tmp_path, probe=False, turns=40)
     print(f"\nrefusal teaches: statuses {result.statuses.count(200)}x200, forwarded {result.forwarded}")
     assert result.statuses == [200] * 40, result.statuses
     (local,) = [m for m in views["data"] if m["id"] == "local"]
@@ -301,7 +303,9 @@ def test_a_real_llama_cpp_is_asked_for_its_window(
     llama: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="lcm_proxy"):
-        result, views = _real_chat(llama, tmp_path, probe=True)
+        # 20 turns: the transcript passes 2,048 tokens by turn 14 (where the configured 8,192 made main's first
+        # 400), so the probed window is what keeps them all answered; the 40-turn run is the test above.
+        result, views = _real_chat(llama, tmp_path, probe=True, turns=20)
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage() and "too long" in r.getMessage()]
     # Asked before the first request, the window was never taken for 8,192. The server's tokenizer may still count
     # a prompt higher than the margin assumes (SmolLM2 counted 2,075 for 1,820 o200k tokens): at most one refusal
@@ -309,7 +313,8 @@ def test_a_real_llama_cpp_is_asked_for_its_window(
     assert len(refused) <= 1, refused
     assert all("compacting to a window of 2048" in r for r in refused), refused
     print(f"\nprobed: statuses {result.statuses.count(200)}x200, forwarded {result.forwarded}")
-    assert result.statuses == [200] * 40, result.statuses
+    assert result.statuses == [200] * 20, result.statuses
+    assert sum(result.sent[-1:]) > SERVER_WINDOW  # the transcript outgrew the server's window: the probe mattered
     (local,) = [m for m in views["data"] if m["id"] == "local"]
     (deployment,) = local["deployments"]
     assert (deployment["server_window"], deployment["learned_from"]) == (SERVER_WINDOW, "GET /props")
