@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import httpx
 import uvicorn
 
 
@@ -34,3 +36,51 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Probes:
+    """``/healthz`` timings taken while a request was being handled."""
+
+    latencies: list[float] = field(default_factory=list)  # every probe sent while the request was handled
+    counted: int = 0  # of them, those sent while ``counting()`` held
+
+
+def probe_healthz_while(
+    url: str,
+    send: Callable[[], T],
+    started: Callable[[], bool] = lambda: True,
+    counting: Callable[[], bool] = lambda: False,
+) -> tuple[Probes, T]:
+    """Run ``send()`` in a thread and time ``/healthz`` every 10 ms, from when ``started()`` holds until ``send``
+    returns: the probes (each asserted 200) and what ``send`` returned. A probe sent while the request is
+    handled counts, however late it ends."""
+    outcome: list[T] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(send())
+        finally:
+            done.set()
+
+    probes = Probes()
+    with httpx.Client(timeout=60) as client:
+        client.get(f"{url}/healthz")  # connect before the measurement
+        sender = threading.Thread(target=run)
+        sender.start()
+        while not done.wait(0.01 if started() else 0.001):  # paced by the event, not a synchronisation
+            if not started():
+                continue
+            counted = counting()
+            begin = time.perf_counter()
+            response = client.get(f"{url}/healthz")
+            probes.latencies.append(time.perf_counter() - begin)
+            probes.counted += counted
+            assert response.status_code == 200
+        sender.join()
+    assert outcome, "the request got no answer"
+    return probes, outcome[0]

@@ -41,7 +41,7 @@ from proxy.wire.validation import MAX_CONTENT_PARTS
 from tests.conftest import make_config
 from tests.engine_support import ScriptedSummarizer, open_engine, row_count, rows, run, user
 from tests.fakes import FakeUpstream
-from tests.servers import serve_in_thread
+from tests.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the acceptance bound for /healthz under a 20,000-part request
 
@@ -274,35 +274,16 @@ def test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled(
             return await prepare(*args, **kwargs)
 
         ingestor.prepare_message = observed_prepare
-        sent = threading.Event()
-        answered = threading.Event()
-        outcome: dict[str, Any] = {}
 
-        def send() -> None:
-            try:
-                with httpx.Client(timeout=300) as client:
-                    sent.set()
-                    response = client.post(
-                        f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
-                    )
-                    outcome["status"], outcome["body"] = response.status_code, response.json()
-            finally:
-                answered.set()
+        def send() -> dict[str, Any]:
+            with httpx.Client(timeout=300) as client:
+                response = client.post(
+                    f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+                )
+                return {"status": response.status_code, "body": response.json()}
 
-        latencies: list[float] = []
-        during_ingest = 0
-        sender = threading.Thread(target=send)
-        with httpx.Client(timeout=30) as client:
-            client.get(f"{url}/healthz")  # connect before the measurement
-            sender.start()
-            sent.wait()
-            while not answered.wait(0.01):  # paced by the event: one probe per 10 ms until the answer comes
-                started = time.perf_counter()
-                response = client.get(f"{url}/healthz")
-                latencies.append(time.perf_counter() - started)
-                assert response.status_code == 200
-                during_ingest += ingesting.is_set() and not answered.is_set()
-        sender.join()
+        probes, outcome = probe_healthz_while(url, send, counting=ingesting.is_set)
+        latencies, during_ingest = probes.latencies, probes.counted
 
     assert len(latencies) >= 10, "the probes must overlap the handling of the request"
     if ingesting.is_set():  # (a request refused by validation never gets there)

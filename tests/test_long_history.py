@@ -8,9 +8,8 @@ The history is written straight into the store (one INSERT ... SELECT over a gen
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.store import Location
 from proxy.store.base import Store
 from tests.conftest import make_config
-from tests.servers import serve_in_thread
+from tests.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the issue's acceptance bound
 HISTORY = 120_000  # messages
@@ -77,36 +76,6 @@ def with_history(location: Location, conversation_id: str, count: int = HISTORY)
     asyncio.run(run())
 
 
-def probe_while(url: str, handle: Callable[[], httpx.Response]) -> tuple[list[float], httpx.Response]:
-    """Probe /healthz every 10 ms while ``handle`` (another thread) sends its request; the latencies and its
-    answer."""
-    outcome: dict[str, Any] = {}
-    sent = threading.Event()
-    answered = threading.Event()
-
-    def send() -> None:
-        try:
-            sent.set()
-            outcome["response"] = handle()
-        finally:
-            answered.set()
-
-    latencies: list[float] = []
-    sender = threading.Thread(target=send)
-    with httpx.Client(timeout=30) as client:
-        client.get(f"{url}/healthz")  # connect before the measurement
-        sender.start()
-        sent.wait()
-        while not answered.wait(0.01):  # paced by the event: one probe per 10 ms until the answer comes
-            started = time.perf_counter()
-            response = client.get(f"{url}/healthz")
-            latencies.append(time.perf_counter() - started)
-            assert response.status_code == 200
-    sender.join()
-    assert "response" in outcome, "the request got no answer"
-    return latencies, outcome["response"]
-
-
 def assert_responsive(latencies: list[float], what: str) -> None:
     assert len(latencies) >= 5, "the probes must overlap the handling of the request"
     slow = [round(s, 3) for s in latencies if s > HEALTHZ_BOUND]
@@ -129,13 +98,13 @@ def long_proxy(upstream_url: str, tmp_path: Path, where: Location) -> Iterator[s
 def test_healthz_answers_within_100ms_while_a_long_conversation_is_compacted(long_proxy: str) -> None:
     url = long_proxy
     with httpx.Client(timeout=300) as client:
-        latencies, response = probe_while(
+        probes, response = probe_healthz_while(
             url, lambda: client.post(f"{url}/lcm/conversations/conv_00000000000000aa/compact")
         )
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["leaf_passes"] >= 1 and report["tokens_after"] < report["tokens_before"]
-    assert_responsive(latencies, "a 120,000-message conversation was compacted")
+    assert_responsive(probes.latencies, "a 120,000-message conversation was compacted")
     summaries = client_get(url, "/lcm/conversations/conv_00000000000000aa")["context_summaries"]
     assert len(summaries) >= 1
 
@@ -165,9 +134,9 @@ def test_healthz_answers_within_100ms_while_a_long_conversation_is_listed(long_p
                     return response
                 cursor = f"&after={page['next']}"
 
-    latencies, response = probe_while(url, walk)
+    probes, response = probe_healthz_while(url, walk)
     assert response.status_code == 200, response.text
-    assert_responsive(latencies, "a 120,000-message conversation was listed")
+    assert_responsive(probes.latencies, "a 120,000-message conversation was listed")
     assert seqs == list(range(HISTORY))
 
     page = client_get(url, f"{path}?limit=1000&after=59000")

@@ -20,7 +20,6 @@ import base64
 import os
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -35,7 +34,7 @@ from proxy.app import create_app
 from proxy.upstream_errors import MAX_RETRY_AFTER
 from tests.conftest import UPSTREAM_KEY, make_config
 from tests.fakes import FakeUpstream, Reply
-from tests.servers import serve_in_thread
+from tests.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the issue's acceptance bound
 INPUTS, DIMENSIONS = 2048, 1536
@@ -59,38 +58,6 @@ def served(upstream_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
     app = create_app(make_config(upstream_url, tmp_path / "data"), serving=True)
     with serve_in_thread(app) as url:
         yield url, app
-
-
-def probe_while(url: str, send: Any, started: Any) -> tuple[list[float], dict[str, Any]]:
-    """Run ``send()`` in a thread and time ``/healthz`` from when ``started()`` holds until ``send`` returns:
-    the latencies measured while the request was being handled, and what ``send`` returned."""
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            outcome.update(send())
-        finally:
-            done.set()
-
-    latencies: list[float] = []
-    with httpx.Client(timeout=60) as client:
-        client.get(f"{url}/healthz")  # connect before the measurement
-        sender = threading.Thread(target=run)
-        sender.start()
-        while not done.is_set():
-            if not started():
-                done.wait(0.001)
-                continue
-            handled = not done.is_set()  # a probe sent while the request is handled counts, however late it ends
-            begin = time.perf_counter()
-            response = client.get(f"{url}/healthz")
-            elapsed = time.perf_counter() - begin
-            if handled:
-                latencies.append(elapsed)
-            assert response.status_code == 200
-        sender.join()
-    return latencies, outcome
 
 
 # --- item 1: embeddings answers ----------------------------------------------------------------------------
@@ -117,7 +84,8 @@ def test_healthz_answers_within_100ms_while_a_2048_input_embeddings_answer_is_re
                 pieces = list(response.iter_raw())  # joined after the measurement: a copy of 65 MB holds the GIL
             return {"status": response.status_code, "pieces": pieces}
 
-    latencies, outcome = probe_while(url, send, lambda: len(fake_upstream.requests) > 0)
+    probes, outcome = probe_healthz_while(url, send, lambda: len(fake_upstream.requests) > 0)
+    latencies = probes.latencies
     assert latencies, "no /healthz probe ran while the answer was handled"
     assert max(latencies) < HEALTHZ_BOUND, f"/healthz took {max(latencies) * 1000:.0f} ms ({len(latencies)} probes)"
     relayed = b"".join(outcome["pieces"])
@@ -312,7 +280,8 @@ def test_healthz_answers_within_100ms_while_a_5_mb_error_body_is_handled(
         response = httpx.post(f"{url}{path}", json=body, timeout=60)
         return {"status": response.status_code, "json": response.json()}
 
-    latencies, outcome = probe_while(url, send, lambda: len(fake_upstream.requests) > count)
+    probes, outcome = probe_healthz_while(url, send, lambda: len(fake_upstream.requests) > count)
+    latencies = probes.latencies
     assert outcome["status"] == 503
     error = outcome["json"]["error"]
     assert error["code"] == "overloaded" and error["message"].startswith("The server is overloaded; details follow.")
