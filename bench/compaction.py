@@ -6,7 +6,7 @@
    (tracemalloc, measured on a separate repeat since tracing slows everything); and a real request through
    the proxy compared with the same request sent straight to the fake upstream (the baseline), on loopback.
    The process's peak RSS closes the table.
-2. Simulation: the 300-turn session of ``tests/test_compaction_sim.py`` (8k window, tool calls with
+2. Simulation: the 300-turn session of ``tests/engine/test_compaction_sim.py`` (8k window, tool calls with
    parallel results, large tool outputs, pasted files) through the real proxy: tokens the client sent vs
    tokens forwarded, summarizer calls per 100 turns, and the share of consecutive requests whose forwarded
    messages extend the previous ones (prefix stability, target >= 90%).
@@ -27,15 +27,16 @@ import httpx
 
 from bench.ingest import transcript as conversation
 from proxy.app import create_app
-from proxy.config import LcmSettings, parse_config
+from proxy.config.lcm import LcmSettings
+from proxy.config.loading import parse_config
 from proxy.engine.engine import Budget, ContextEngine
-from proxy.engine.tokens import count_messages
 from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
-from tests.fakes import FakeUpstream
-from tests.servers import serve_in_thread
-from tests.sim_support import ScriptedModel, Stats, forwarded_tokens, is_summary_request
-from tests.test_compaction_sim import MAX_TOKENS, SIM_LCM, TOOLS, WINDOW, tool_result, user_turn
+from proxy.store.sqlite.store import SQLiteStore
+from proxy.tokens import count_messages
+from tests.engine.test_compaction_sim import MAX_TOKENS, SIM_LCM, TOOLS, WINDOW, tool_result, user_turn
+from tests.support.fakes import FakeUpstream
+from tests.support.servers import serve_in_thread
+from tests.support.sim import ScriptedModel, Stats, forwarded_tokens, is_summary_request
 
 SIZES = (10, 100, 1000, 5000)
 

@@ -13,7 +13,7 @@ deleted one after another as ``DELETE /lcm/conversations/{id}`` does (the server
 background ``Scrubber`` where there is one), until their scrub is done. The baseline,
 on the same store in the same run, is what a request through the store costs: the ingest of a re-sent
 transcript plus one new message (as ``bench/store.py`` measures it). ``python -m bench delete [--database
-URL]``: without a URL, on a throwaway cluster (tests/pg_cluster.py); with one, in databases created on that
+URL]``: without a URL, on a throwaway cluster (tests/support/pg_cluster.py); with one, in databases created on that
 server for the run and dropped afterwards (the role needs CREATEDB).
 """
 
@@ -42,11 +42,11 @@ try:
 except ImportError:  # before the background scrub: the API's deletions scrubbed inline (a baseline run)
     Scrubber = None  # type: ignore[assignment,misc]
 from proxy.engine.ingest import Ingestor, Thresholds
-from proxy.engine.tokens import count_text
-from proxy.store import Location
 from proxy.store.base import Store
-from proxy.store.postgres import PostgresStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.location import Location
+from proxy.store.postgres.store import PostgresStore
+from proxy.store.sqlite.store import SQLiteStore
+from proxy.tokens import count_text
 
 SIZES = (2000, 20000, 100000)  # messages in the store
 QUICK_SIZES = (500, 2000)
@@ -234,7 +234,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--database",
         metavar="URL",
         help="a PostgreSQL server on which the run creates and drops databases of its own (the role needs"
-        " CREATEDB); default: a throwaway cluster (tests/pg_cluster.py)",
+        " CREATEDB); default: a throwaway cluster (tests/support/pg_cluster.py)",
     )
     parser.add_argument("--sizes", help="messages in the store, comma-separated (default: 2000,20000,100000)")
     parser.add_argument("--sqlite-only", action="store_true", help="measure SQLite only")
@@ -251,7 +251,7 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         server = args.database
         if server is None and not args.sqlite_only:
-            from tests.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
+            from tests.support.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
 
             server = stack.enter_context(Cluster()).dsn("postgres")
         for n in sizes:

@@ -61,9 +61,11 @@ from starlette.routing import Route
 
 from bench.fidelity_data import Conversation, Fact, Message, generate
 from proxy.app import create_app
-from proxy.config import LcmSettings, ProxyConfig, parse_config
-from proxy.engine.tokens import count_messages, count_text
-from tests.servers import serve_in_thread
+from proxy.config.lcm import LcmSettings
+from proxy.config.loading import parse_config
+from proxy.config.settings import ProxyConfig
+from proxy.tokens import count_messages, count_text
+from tests.support.servers import serve_in_thread
 
 BUILD, ASK, SUMMARIZER, DIRECT = "fidelity-build", "fidelity-ask", "fidelity-summarizer", "fidelity-direct"
 WAYS = ("full context", "truncation", "lcm-proxy")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.tokens import count_message, count_messages
+from proxy.tokens import count_message, count_messages
 
 Message = dict[str, Any]
 

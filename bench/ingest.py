@@ -17,9 +17,9 @@ from typing import Any
 
 from proxy.engine.canonical import chain_hashes
 from proxy.engine.ingest import Ingestor, Thresholds
-from proxy.engine.tokens import count_text
 from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.sqlite.store import SQLiteStore
+from proxy.tokens import count_text
 
 SIZES = (10, 100, 1000, 5000)
 

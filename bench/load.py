@@ -4,10 +4,10 @@
 proxy worker processes, then PostgreSQL with one, two and three proxy replicas, and three with one of them
 SIGKILLed mid-run. ``python -m bench load --replicas 3 --database postgresql://...`` runs only the PostgreSQL
 rows (three replicas, then three with one killed) on that server. ``run_load`` is what tests/test_load.py and
-tests/test_replicas.py run at a bounded size.
+tests/store/test_replicas.py run at a bounded size.
 
 Setup: the real proxy process (``python -m proxy serve``) in front of a fake upstream process (this module's
-``upstream`` entry point: tests/fakes.py's FakeUpstream with a scripted model that answers chat turns,
+``upstream`` entry point: tests/support/fakes.py's FakeUpstream with a scripted model that answers chat turns,
 calls the client's tools when told to, writes short summaries and document descriptions), on loopback. The
 model's context window (``model_info.max_input_tokens``) is small and the soft threshold close to it, so
 background and inline compaction, leaf and condensed summaries, tool-result stubs and file interception all
@@ -49,7 +49,7 @@ request to the next replica, round-robin, so every conversation's requests, a do
 included, land on different replicas: the identity and append decisions are made by whichever replica gets
 the request, under the store's transaction locks. Every run gets a database of its own, created for it and
 dropped afterwards: on the server ``--database`` names (its role needs CREATEDB), else on a throwaway cluster
-(tests/pg_cluster.py). With one replica killed: once half of the requests are sent, one replica is SIGKILLed.
+(tests/support/pg_cluster.py). With one replica killed: once half of the requests are sent, one replica is SIGKILLed.
 A request it had in flight is not acknowledged (the client saw a transport error, or a stream without
 ``[DONE]``); the client sends it again to the next live replica, as a client behind a load balancer retries,
 and carries on there. Such failures are counted apart (``cut``), not as errors; the audit is the same, over the
@@ -137,7 +137,7 @@ class LoadModel:
         self.counts: Counter[str] = Counter()
 
     def __call__(self, body: dict[str, Any]) -> Any:
-        from tests.fakes import Reply
+        from tests.support.fakes import Reply
 
         messages = body["messages"]
         system = str(messages[0].get("content", "")) if messages[0].get("role") == "system" else ""
@@ -172,7 +172,7 @@ class LoadModel:
 
     def check(self, body: dict[str, Any]) -> None:
         """The "Bounded" and "Tool pairing" invariants (ARCHITECTURE.md), on every forwarded chat request."""
-        from proxy.engine.tokens import count_messages, count_text
+        from proxy.tokens import count_messages, count_text
 
         messages = body["messages"]
         size = count_messages(messages) + int(body.get("max_tokens") or 0)
@@ -203,7 +203,7 @@ def serve_upstream(port: int, window: int) -> None:
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from tests.fakes import FakeUpstream
+    from tests.support.fakes import FakeUpstream
 
     fake = FakeUpstream()
     model = LoadModel(window)
@@ -287,7 +287,7 @@ def fresh_database(server: str | None) -> Iterator[str]:
 
     with contextlib.ExitStack() as stack:
         if server is None:
-            from tests.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
+            from tests.support.pg_cluster import Cluster  # plain psycopg and the server binaries: no pytest
 
             server = stack.enter_context(Cluster()).dsn("postgres")
         admin_url = re.sub(r"^(\w+)\+\w+://", r"\1://", server)  # postgresql+psycopg:// is the proxy's spelling
@@ -696,10 +696,10 @@ def _answer_key(message: Message) -> bytes:
 
 async def audit(config_path: Path, clients: list[ClientState], result: LoadResult) -> None:
     """Through the operator API and doctor only, so that it reads either store the same way."""
-    from proxy.config import load_config
-    from proxy.doctor import check_database
+    from proxy.cli.operator import Operator
+    from proxy.config.loading import load_config
+    from proxy.engine.doctor import check_database
     from proxy.engine.errors import NotFound
-    from proxy.operator import Operator
 
     config = load_config(str(config_path))
     async with Operator(config.general_settings.location()) as op:
@@ -901,7 +901,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--database",
         metavar="URL",
         help="a PostgreSQL server (postgresql://USER@HOST:PORT/DB) on which each run creates and drops a database"
-        " of its own (the role needs CREATEDB); default: a throwaway cluster (tests/pg_cluster.py)",
+        " of its own (the role needs CREATEDB); default: a throwaway cluster (tests/support/pg_cluster.py)",
     )
     parser.add_argument("--requests", type=int, metavar="N", help="requests per run (default 6000; --quick 1800)")
     args = parser.parse_args(argv)
@@ -938,7 +938,7 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         server = args.database
         if server is None and any(replicas for replicas, _, _ in runs):
-            from tests.pg_cluster import Cluster
+            from tests.support.pg_cluster import Cluster
 
             server = stack.enter_context(Cluster()).dsn("postgres")  # one cluster, a database per run
         for n, w, k in runs:

@@ -1,6 +1,6 @@
 """Processes the overhead benchmark measures, each on its own port: ``python -m bench.servers KIND PORT [UPSTREAM]``.
 
-* ``fake``    — the fake OpenAI-compatible upstream (tests/fakes.py) under uvicorn;
+* ``fake``    — the fake OpenAI-compatible upstream (tests/support/fakes.py) under uvicorn;
 * ``aiohttp`` — a bare pass-through forwarder (Starlette + aiohttp): the floor for a Python proxy;
 * ``litellm`` — a bare forwarder that calls ``litellm.acompletion`` and nothing else.
 
@@ -97,7 +97,7 @@ def litellm_forwarder(upstream: str) -> Starlette:
 def main() -> None:
     kind, port = sys.argv[1], int(sys.argv[2])
     if kind == "fake":
-        from tests.fakes import FakeUpstream
+        from tests.support.fakes import FakeUpstream
 
         fake = FakeUpstream()
         # The tests read what the fake recorded; a benchmark would only pile up every request body in memory

@@ -8,7 +8,7 @@ lookup is a round trip to a server process (here on loopback, on the same two co
 several replicas sharing one database. Both backends run the same ingest code, in the same run, one after the
 other for each size, on conversations of 10, 100, 1,000 and 5,000 messages built beforehand (the cold ingest
 of the whole conversation, shown for reference). ``python -m bench store [--database URL]``: without a URL,
-on a throwaway cluster (tests/pg_cluster.py); with one, in a database created on that server for the run
+on a throwaway cluster (tests/support/pg_cluster.py); with one, in a database created on that server for the run
 and dropped afterwards (the role needs CREATEDB).
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from bench.ingest import SIZES, ms, transcript
 from bench.load import fresh_database
 from proxy.engine.ingest import Ingestor, Thresholds
-from proxy.engine.tokens import count_text
-from proxy.store import Location
+from proxy.store.location import Location
+from proxy.tokens import count_text
 
 
 async def measure(location: Location, n: int, repeats: int) -> dict[str, float]:
@@ -60,7 +60,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--database",
         metavar="URL",
         help="a PostgreSQL server on which the run creates and drops a database of its own (the role needs"
-        " CREATEDB); default: a throwaway cluster (tests/pg_cluster.py)",
+        " CREATEDB); default: a throwaway cluster (tests/support/pg_cluster.py)",
     )
     return parser.parse_args(argv)
 

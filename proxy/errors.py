@@ -3,8 +3,8 @@
 Every error a client can see is a ``ProxyError``; the wire layer turns it into OpenAI's error JSON
 (``{"error": {"message", "type", "param", "code"}}``) with ``status`` as the HTTP status. Lower-layer
 errors are translated into these at exactly one boundary each, so nothing else in the code base needs to
-know their types: LiteLLM's in ``proxy.upstream_errors``, the engine's and the store's (``EngineError``,
-which knows nothing of HTTP) in ``proxy.wire.http.to_proxy_error``, YAML's in ``proxy.config``.
+know their types: LiteLLM's in ``proxy.upstream.errors``, the engine's and the store's (``EngineError``,
+which knows nothing of HTTP) in ``proxy.wire.http.to_proxy_error``, YAML's in ``proxy.config.settings``.
 
     ProxyError                       any error reported to a client
     ├── InternalError                500: a bug in the proxy; never retried by SDKs

@@ -16,12 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from proxy.redaction import credential_values, redact_credentials
-
-if TYPE_CHECKING:
-    from proxy.config import ProxyConfig
+from proxy.redaction import redact_credentials
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -97,16 +93,3 @@ def configure_logging(level: str, credentials: Iterable[str] = ()) -> None:
     root.addHandler(handler)
     root.setLevel(numeric)
     clamp_library_loggers(numeric)
-
-
-def config_credentials(config: ProxyConfig) -> list[str]:
-    """Every credential in the config: the deployments' (api_key, extra_headers…) and the proxy's own keys."""
-    found = [k.key for k in config.general_settings.api_keys]
-    for deployment in config.model_list:
-        found += credential_values(deployment.litellm_params.model_dump(exclude_none=True))
-    return found
-
-
-def configure_serving_logs(config: ProxyConfig) -> None:
-    """``configure_logging`` at the config's level, masking the config's credentials."""
-    configure_logging(config.general_settings.log_level, config_credentials(config))

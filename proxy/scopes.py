@@ -25,3 +25,8 @@ def end_users_of(tenant: str | None) -> str | None:
     if tenant is None or "/" in tenant:
         return None
     return f"{tenant}/user-"
+
+
+def tenant_for_bare_key(key: str) -> str:
+    """``key-`` and 12 hex digits of a salted SHA-256 of the key: stable, and it does not reveal the key."""
+    return "key-" + hashlib.sha256(b"lcm-proxy tenant\x00" + key.encode()).hexdigest()[:12]

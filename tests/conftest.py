@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from proxy.app import create_app
-from proxy.config import ProxyConfig, parse_config
-from proxy.doctor import run_doctor
-from tests.fakes import FakeUpstream
-from tests.servers import serve_in_thread
+from proxy.cli.doctor import run_doctor
+from proxy.config.loading import parse_config
+from proxy.config.settings import ProxyConfig
+from tests.support.fakes import FakeUpstream
+from tests.support.servers import serve_in_thread
 
 # Tests never reach the internet: LiteLLM must not fetch its price list or tokenizers.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -55,7 +56,8 @@ def _check_slow_entries() -> None:
     """A renamed file or test must not drop out of the list silently (and into the quick loop)."""
     for entry in SLOW:
         file, _, test = entry.partition("::")
-        path = TESTS / file
+        found = list(TESTS.rglob(file))
+        path = found[0] if len(found) == 1 else TESTS / file
         if not path.is_file():
             raise pytest.UsageError(f"tests/conftest.py SLOW names {file}, which does not exist")
         name = test.split("[")[0]
@@ -167,7 +169,7 @@ def proxy_factory(upstream_url: str, tmp_path: Path, request: pytest.FixtureRequ
     """Start real proxies (uvicorn on 127.0.0.1) with a fresh data dir each; stopped after the test.
     ``where=`` (the ``where`` fixture's Location) puts the conversations in its PostgreSQL database when it
     names one: proxies started with the same one share it, as replicas do."""
-    from proxy.store import Location
+    from proxy.store.location import Location
 
     if "where" in request.fixturenames:
         # Set up first, so torn down last: the database outlives the servers and the doctor check below.
@@ -212,7 +214,7 @@ def proxy(proxy_factory: Any) -> RunningProxy:
 # (.ci/run installs it), and a skipped backend would pass silently.
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Any]:
-    from tests.pg_cluster import Cluster, ClusterError
+    from tests.support.pg_cluster import Cluster, ClusterError
 
     cluster = Cluster()
     try:
@@ -252,7 +254,7 @@ def pg_dsn(pg_database_factory: Any) -> str:
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """Where a test's store lives: SQLite in its data directory, or PostgreSQL in a database of its own (the
     payload store follows: files on disk, or rows in the database). Tests taking it run on both backends."""
-    from proxy.store import Location
+    from proxy.store.location import Location
 
     if request.param == "sqlite":
         return Location(tmp_path)

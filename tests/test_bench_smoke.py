@@ -51,7 +51,9 @@ def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
     assert during, "the table of another tenant's ingests during deletions is missing"
 
     def rows_of(table: str) -> list[list[str]]:
-        return [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+        return [
+            line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()
+        ]
 
     rows = rows_of(cost)
     assert [(row[0].strip(), row[2].strip()) for row in rows] == [

@@ -27,16 +27,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.doctor import check_database
+from proxy.engine.doctor import check_database
 from proxy.engine.ingest import export_conversation
 from proxy.engine.summarize import FALLBACK_MARKER
 from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.sqlite.store import SQLiteStore
 from tests.conftest import UPSTREAM_KEY, RunningProxy
-from tests.fakes import FakeUpstream, Reply, wait_for
-from tests.servers import serve_in_thread
-from tests.sim_support import check_tool_pairing, forwarded_tokens, is_summary_request, without_recall
-from tests.test_compaction_sim import SIM_LCM
+from tests.engine.test_compaction_sim import SIM_LCM
+from tests.support.fakes import FakeUpstream, Reply, wait_for
+from tests.support.servers import serve_in_thread
+from tests.support.sim import check_tool_pairing, forwarded_tokens, is_summary_request, without_recall
 
 WINDOW = 8000
 MAX_TOKENS = 400

@@ -18,7 +18,7 @@ import pytest
 
 from bench.fidelity import Settings, SizeResult, run, run_real, truncated
 from bench.fidelity_data import TEMPLATES, generate, occurrences, shared_words
-from proxy.engine.tokens import count_messages
+from proxy.tokens import count_messages
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from proxy.engine.canonical import canonical
 from proxy.engine.ingest import export_conversation
 from proxy.store.files import FileStore
-from proxy.store.sqlite import SQLiteStore
+from proxy.store.sqlite.store import SQLiteStore
 from tests.conftest import RunningProxy
-from tests.fakes import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 scalars = st.one_of(
     st.none(),

@@ -22,9 +22,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.cli.test_cli import console_script
 from tests.conftest import RunningProxy
-from tests.fakes import FakeUpstream
-from tests.test_cli import console_script
+from tests.support.fakes import FakeUpstream
 from tests.test_security import ToolModel, is_summary_request
 
 PRIVATE = "LANTERNFISH4471"  # Alice's private fact, in a message and (through the summarizer) in a summary

@@ -6,7 +6,7 @@ about 1,800 requests through a real proxy process, with a window small enough th
 time. Afterwards: no error, no message lost or duplicated against the clients' own records, the forks the
 clients' actions imply and no others, every forwarded request within the window with its tool calls
 paired, doctor and the store's integrity checks (``PRAGMA integrity_check`` on SQLite) clean, all read
-through the operator API. The same run on several PostgreSQL replicas is in tests/test_replicas.py.
+through the operator API. The same run on several PostgreSQL replicas is in tests/store/test_replicas.py.
 Throughput is printed by ``python -m bench load``, never asserted here.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from bench.load import run_load
 from tests.conftest import RunningProxy
-from tests.fakes import wait_for
+from tests.support.fakes import wait_for
 
 
 def test_load_run_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:

@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from proxy.engine.explore import redact_secrets
-from proxy.upstream import load_litellm, translate_exception
+from proxy.upstream.client import load_litellm, translate_exception
 from tests.conftest import UPSTREAM_KEY, RunningProxy
-from tests.fakes import FakeUpstream, Reply
+from tests.support.fakes import FakeUpstream, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -112,7 +112,7 @@ def test_partial_echo_of_the_key_is_masked(
 
 def test_partial_echo_of_an_unshaped_credential_is_masked() -> None:
     """Partial echoes are found by the known values, not by a key's shape; words are left alone."""
-    from proxy.upstream import redact_upstream_message
+    from proxy.upstream.client import redact_upstream_message
 
     secret = "Zq7Lp2Vx9Kd4Wm8Rt3Yb"
     shown = redact_upstream_message(f"credential {secret[:8]}******{secret[-3:]} rejected", [secret])
@@ -139,7 +139,7 @@ def test_environment_keys_are_masked(environment_key: str) -> None:
     """A deployment without api_key uses a key LiteLLM reads from the environment: echoed whole or in part,
     it is masked though the call never named it."""
     from proxy.redaction import environment_credentials
-    from proxy.upstream import redact_upstream_message
+    from proxy.upstream.client import redact_upstream_message
 
     assert environment_key in environment_credentials()
     assert redact_upstream_message(f"invalid x-api-key: {environment_key}") == "invalid x-api-key: [redacted]"
@@ -252,7 +252,7 @@ def test_redaction_keeps_key_names_hosts_and_schemes() -> None:
 def test_rule_set_is_loaded_on_first_use_only() -> None:
     """detect-secrets (~0.1 s to import) loads when a text is first redacted, not when the proxy starts."""
     code = (
-        "import sys, proxy.app, proxy.cli, proxy.engine.explore, proxy.engine.render, proxy.upstream\n"
+        "import sys, proxy.app, proxy.cli.main, proxy.engine.explore, proxy.engine.render, proxy.upstream.client\n"
         "assert 'detect_secrets' not in sys.modules\n"
         "from proxy.engine.explore import redact_secrets\n"
         "assert redact_secrets('npm_' + 'a' * 36) == '[REDACTED]'\n"
@@ -366,8 +366,8 @@ def test_every_summarizer_call_is_redacted_at_one_place() -> None:
     (exploration) both redact what they send, whatever their caller did."""
     import asyncio
 
-    from proxy.routing import ResolvedModel
-    from proxy.summarizer import UpstreamSummarizer
+    from proxy.relay.summarizer import UpstreamSummarizer
+    from proxy.upstream.routing import ResolvedModel
 
     upstream = _Capture()
     target = ResolvedModel("summary-model", {"model": "openai/summary-model"}, None, None)

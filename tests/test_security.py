@@ -30,15 +30,15 @@ import pytest
 from starlette.routing import Route
 
 from proxy.app import create_app
-from proxy.doctor import run_doctor
+from proxy.cli.doctor import run_doctor
 from proxy.engine.summarize import CONDENSED_PROMPTS, LEAF_PROMPT
-from proxy.store import Location
+from proxy.relay.summarizer import EXPLORE_PROMPT
+from proxy.relay.toolloop import MAX_CALLS_PER_ROUND
 from proxy.store.files import FileStore
-from proxy.summarizer import EXPLORE_PROMPT
-from proxy.toolloop import MAX_CALLS_PER_ROUND
+from proxy.store.location import Location
 from tests.conftest import UPSTREAM_KEY, RunningProxy, make_config
-from tests.fakes import FakeUpstream, Reply
-from tests.servers import serve_in_thread
+from tests.support.fakes import FakeUpstream, Reply
+from tests.support.servers import serve_in_thread
 
 REPO = Path(__file__).resolve().parent.parent
 ALICE_KEY = "sk-proxy-alice-5e1f0c2d"

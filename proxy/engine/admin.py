@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.deletion import Deleter, Scrubber
 from proxy.engine.engine import ContextEngine, RequestSummarizer
 from proxy.engine.errors import NotFound

@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
 from proxy.engine.terms import Matcher, Term, query_terms, token_positions

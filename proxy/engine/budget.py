@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from proxy.config import LcmSettings
+from proxy.config.lcm import LcmSettings
 
 PROMPT_OVERHEAD = 700  # tokens of a summarizer call beyond its source: system prompt, framing, fact list
 DEFAULT_WINDOW_LIMIT = 120_000  # the message limit assumed when no request is at hand (operator `compact`)
@@ -35,7 +35,7 @@ REQUESTED_RESERVES = ("max_tokens", "max_completion_tokens")  # reserves the cli
 @dataclass(frozen=True)
 class Budget:
     """One request's window, output reserve and schemas, and the model's ``margin``: how much more than o200k
-    its own tokenizer may count (``proxy.engine.tokens.token_margin``).
+    its own tokenizer may count (``proxy.tokens.token_margin``).
 
     The margin divides the window instead of multiplying the counts. Every count the engine works with is an
     o200k count: each message's is stored once, at ingest, and serves whichever model the conversation is

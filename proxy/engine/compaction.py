@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.config import LcmSettings
+from proxy.config.lcm import LcmSettings
 from proxy.engine import budget
 from proxy.engine.assemble import required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes

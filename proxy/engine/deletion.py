@@ -18,8 +18,8 @@ parent.
 Each deletion is one write transaction holding the locks of the conversation and of the tombstoned ancestors
 it trims (in that order: child first), so concurrent deletions of sibling forks see each other's result.
 Payload contents no row names any more are deleted after the commit (``Blobs.forget``), then the store is
-scrubbed (``Store.scrub``: what that does per backend is in ``proxy.store.sqlite_delete`` and
-``proxy.store.postgres_delete``). Once the transaction commits, nothing deleted is reachable any more (no read,
+scrubbed (``Store.scrub``: what that does per backend is in ``proxy.store.sqlite.delete`` and
+``proxy.store.postgres.delete``). Once the transaction commits, nothing deleted is reachable any more (no read,
 search or recall finds it); the scrub only takes its traces out of the database's files, and its cost grows
 with the store, not with what was deleted. So the server does not scrub per deletion: its ``Scrubber`` runs
 in the background, one pass for all the deletions asked for while the previous pass ran, in bounded steps

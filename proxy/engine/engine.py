@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.config import LcmSettings
-from proxy.engine import answers, auto_recall, budget, tokens
+from proxy import tokens
+from proxy.config.lcm import LcmSettings
+from proxy.engine import answers, auto_recall, budget
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.canonical import split_instructions

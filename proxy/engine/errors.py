@@ -1,9 +1,9 @@
-"""The errors the engine and the store beneath it report to their callers.
+"""The errors the engine reports to its callers.
 
 The engine knows nothing of HTTP: it says *what* went wrong (not found, a bad argument, busy), and each caller
 decides how to tell its user. The wire layer maps these to OpenAI's error JSON in one function
 (``proxy.wire.http.to_proxy_error``; the status each maps to is noted below); the operator's CLI prints the
-message and exits with status 1 (``proxy.operator.run_operator``). ``message`` is written for whoever made the
+message and exits with status 1 (``proxy.cli.operator.run_operator``). ``message`` is written for whoever made the
 call and never quotes stored content; ``param`` names the argument at fault, when one is.
 
     EngineError                  anything the engine reports (unmapped subclasses: 500)
@@ -13,10 +13,10 @@ call and never quotes stored content; ``param`` names the argument at fault, whe
     │   ├── UnsafePattern        a regular expression RE2 refuses (too long, invalid, or needs backtracking)
     │   └── ContextTooLong       400 ``context_length_exceeded``: the newest message and what follows cannot fit
     ├── ConversationBusy         409: concurrent requests kept changing the conversation; retry
-    ├── StoreBusy                503: another process held the database's write lock too long; retry
-    │   └── StoreUnavailable     503: the database cannot be reached (at startup: the reason it refused)
-    ├── SummarizerUnavailable    502: the summary model refuses the proxy's credentials (its breaker is open)
-    └── UnsafePathError          500: a stored file path leaves the data directory (a damaged database)
+    └── SummarizerUnavailable    502: the summary model refuses the proxy's credentials (its breaker is open)
+
+The store's own errors (``StoreBusy``, ``StoreUnavailable``, ``UnsafePathError``) are in ``proxy.store.errors``:
+the store sits beneath the engine and imports nothing of it.
 
 Internal exceptions are not here: they steer control flow inside one module and its caller, which always
 catches them, so no user ever sees one. They are ``SummaryPreempted`` (a background summary gave way to a
@@ -24,9 +24,6 @@ chat request), ``TooLarge`` (assembly retries with the recall reserve), ``_Needs
 prepares the messages another request added, then commits again) and ``BatchClosedError`` (a request's
 files were discarded under its transaction). ``SummarizerUnavailable`` is mostly of that kind too (a sweep
 turns it into ``SweepReport.unavailable``), but is reported should it ever escape.
-
-A leaf module: it imports nothing, so the store can raise ``StoreBusy`` and ``UnsafePathError`` from here
-without depending on the rest of the engine.
 """
 
 from __future__ import annotations
@@ -70,24 +67,5 @@ class ConversationBusy(EngineError):
     """Other requests kept extending the same conversation while this one was stored; nothing was written."""
 
 
-class StoreBusy(EngineError):
-    """SQLite's "database is locked" after the store's busy timeout: nothing was written; a retry shortly
-    succeeds once the other process (another worker, the operator's CLI) releases the lock."""
-
-    def __init__(self, message: str = "The database is busy (another process holds its write lock); retry.") -> None:
-        super().__init__(message)
-
-
-class StoreUnavailable(StoreBusy):
-    """The database server cannot be reached or refuses the proxy (a wrong password, no such database)."""
-
-    def __init__(self, message: str) -> None:
-        EngineError.__init__(self, message)
-
-
 class SummarizerUnavailable(EngineError):
     """The summary model refused the proxy's credentials (or its breaker is open): write no summary."""
-
-
-class UnsafePathError(EngineError):
-    """A file path read from the database leaves the files root or passes through a symbolic link."""

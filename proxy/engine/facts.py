@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.injection import SENTENCE, is_instruction_override
 
 FACTS_HEADER = "Facts stated (verbatim):"

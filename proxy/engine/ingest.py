@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.canonical import chain_hashes, split_instructions
 from proxy.engine.compaction import covering_prefix
 from proxy.engine.errors import ConversationBusy, NotFound

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.neutralise import neutralise
 from proxy.types import Message
 

@@ -68,7 +68,7 @@ _ASCII_KEPT = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 
 # Where Unicode assigns characters other than private-use ones: planes 0-3 and plane 14 (tags, variation
-# selectors). Planes 4-13 hold no assigned code point and 15-16 only private use (tests/test_hostile_content.py
+# selectors). Planes 4-13 hold no assigned code point and 15-16 only private use (test_hostile_content.py
 # checks this against the running unicodedata), so the fold covers the whole range 0..0x10FFFF.
 _ASSIGNED_PLANES = (range(0x80, 0x40000), range(0xE0000, 0xF0000))
 

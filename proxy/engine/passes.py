@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from proxy.config import LcmSettings
-from proxy.engine import tokens
+from proxy import tokens
+from proxy.config.lcm import LcmSettings
 from proxy.engine.budget import Sizes
 from proxy.engine.explore import redact_secrets
 from proxy.engine.facts import (

@@ -25,13 +25,15 @@ from typing import Any
 
 import orjson
 
-from proxy.engine import patterns, tokens
-from proxy.engine.errors import RecallError, StoreBusy, UnsafePathError, UnsafePattern
+from proxy import tokens
+from proxy.engine import patterns
+from proxy.engine.errors import RecallError, UnsafePattern
 from proxy.engine.neutralise import neutralise, neutralise_cached
 from proxy.engine.plan import view_message
 from proxy.engine.render import render_message, timestamp
 from proxy.engine.summarize import Summarizer
 from proxy.store.base import Blobs, Phrase, Store
+from proxy.store.errors import StoreBusy, UnsafePathError
 from proxy.store.records import FileRecord, SummaryRecord
 
 log = logging.getLogger("lcm_proxy.recall")

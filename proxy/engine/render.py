@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.explore import redact_secrets
 from proxy.engine.neutralise import defang_markers, neutralise_cached
 from proxy.store.records import SummaryRecord

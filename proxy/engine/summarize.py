@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.engine import tokens
+from proxy import tokens
 from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.facts import clean_generation
 from proxy.engine.injection import remove_instruction_overrides
@@ -44,13 +44,13 @@ class Summarizer(Protocol):
 
 class SummaryPreempted(Exception):
     """A background summary gave way to a user's request on the same upstream: the sweep stops and keeps
-    what it finished (``proxy.priority``)."""
+    what it finished (``proxy.relay.priority``)."""
 
 
 @dataclass
 class Yielding:
     """Whether the running sweep is background work (nobody waits for it), whose summarizer calls give way to
-    chat requests (``proxy.priority``). An inline sweep becomes background work when its deadline passes."""
+    chat requests (``proxy.relay.priority``). An inline sweep becomes background work when its deadline passes."""
 
     background: bool = False
 

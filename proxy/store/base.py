@@ -280,7 +280,7 @@ class Store(Protocol):
         """After deletions: make what they removed unreadable in the store's own files as far as the database
         allows (README, "Deleting data"); ``full`` rewrites the tables (slow, and blocking on PostgreSQL). What
         could not be done, one line each (nothing: done). Its cost grows with the store, so it works in bounded
-        steps and never holds the store's writer for long (``proxy.store.sqlite_delete``)."""
+        steps and never holds the store's writer for long (``proxy.store.sqlite.delete``)."""
         ...
 
 

@@ -16,7 +16,7 @@ be untampered.
 Leftovers: a process killed between writing a pending file and its request's end leaves that file behind, and
 one killed between publishing and committing leaves a stored file that no row names. Neither is ever read;
 ``lcm-proxy doctor`` reports them and ``doctor --repair`` deletes them, and every server start deletes those
-older than any request can have been writing them (``proxy.doctor.collect_leftovers``, in the background). The
+older than any request can have been writing them (``proxy.engine.doctor.collect_leftovers``, in the background). The
 rule that keeps this safe while a server runs: every process that writes payloads holds a shared lock on
 ``lcm.writers.lock`` from its first write until it exits (the kernel drops it when the process dies), so
 whoever gets the exclusive lock knows no write is in flight, and every leftover it finds is one. Without it,
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.engine.errors import UnsafePathError
+from proxy.store.errors import UnsafePathError
 
 if TYPE_CHECKING:
     from proxy.store.base import Writes

@@ -30,12 +30,12 @@ from typing import Any, TextIO
 
 import psycopg
 
-from proxy.engine.errors import StoreBusy, UnsafePathError
+from proxy.store.errors import StoreBusy, UnsafePathError
 from proxy.store.files import FileStore
-from proxy.store.postgres import PostgresStore, redacted
-from proxy.store.postgres_reads import text_safe
-from proxy.store.postgres_words import tsvector
-from proxy.store.sqlite import DB_NAME, SQLiteStore
+from proxy.store.postgres.reads import text_safe
+from proxy.store.postgres.store import PostgresStore, redacted
+from proxy.store.postgres.words import tsvector
+from proxy.store.sqlite.store import DB_NAME, SQLiteStore
 
 BATCH_ROWS = 500  # rows per transaction (and at most 65,535 parameters per statement: 14 columns x 500 is far below)
 BATCH_BYTES = 8 << 20  # text or payload bytes per transaction, whatever the row count

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from proxy.config import ApiKey
+from proxy.config.settings import ApiKey
 from proxy.errors import AuthenticationError, InvalidRequestError
 
 DEFAULT_TENANT = "default"

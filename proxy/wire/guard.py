@@ -41,7 +41,7 @@ from proxy.errors import PermissionDeniedError, ProxyError, UnsupportedMediaType
 from proxy.wire.http import error_response
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# Where OpenAI's API takes multipart/form-data (proxy.wire.passthrough_uploads), with and without /v1.
+# Where OpenAI's API takes multipart/form-data (proxy.wire.passthrough.uploads), with and without /v1.
 MULTIPART_PATHS = frozenset(
     prefix + path
     for prefix in ("", "/v1")

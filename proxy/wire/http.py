@@ -8,7 +8,7 @@ import json
 import json.scanner
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -28,24 +28,36 @@ from proxy.errors import (
     StoreBusyError,
     UpstreamError,
 )
+from proxy.store import errors as store
 
 log = logging.getLogger("lcm_proxy.wire")
 
-# What a client is told: the proxy's own HTTP errors, and the engine's, mapped by ``to_proxy_error``.
-REPORTED = (ProxyError, engine.EngineError)
+# How deeply JSON values may nest, counting the body itself as level 1. Everything after validation walks
+# the body recursively (canonical form, token budget, deep copies, LiteLLM) and orjson refuses to serialise
+# beyond 254 levels, so a request that parses (orjson reads up to 1024) could fail only after parsing, with a
+# 500 or a dropped connection, sometimes after its messages were stored. 64 is far more than real requests
+# use (a message part's image URL sits at level 6; each level of a tool's JSON Schema costs two, and OpenAI's
+# structured outputs allow 10), and far below both orjson's limit and Python's recursion limit of 1000
+# frames (a deep copy costs two to three frames per level).
+MAX_DEPTH = 64
 
-# Engine error → (HTTP error, its ``code`` when the class has none). The most specific class listed wins.
-_HTTP: dict[type[engine.EngineError], tuple[type[ProxyError], str | None]] = {
+# What a client is told: the proxy's own HTTP errors, and the engine's and the store's, mapped by
+# ``to_proxy_error``.
+REPORTED = (ProxyError, engine.EngineError, store.StoreError)
+Reported: TypeAlias = ProxyError | engine.EngineError | store.StoreError
+
+# Engine or store error → (HTTP error, its ``code`` when the class has none). The most specific class listed wins.
+_HTTP: dict[type[Exception], tuple[type[ProxyError], str | None]] = {
     engine.NotFound: (NotFoundError, None),
     engine.InvalidArgument: (InvalidRequestError, "invalid_value"),
     engine.ContextTooLong: (ContextLengthExceeded, None),
     engine.ConversationBusy: (ConversationBusyError, None),
-    engine.StoreBusy: (StoreBusyError, None),
+    store.StoreBusy: (StoreBusyError, None),
     engine.SummarizerUnavailable: (UpstreamError, "summarizer_unavailable"),
 }
 
 
-def to_proxy_error(error: ProxyError | engine.EngineError) -> ProxyError:
+def to_proxy_error(error: Reported) -> ProxyError:
     """The HTTP error a client gets for ``error``: the engine's errors keep their message and ``param``;
     one without a mapping (a damaged database, say) is an internal error, logged by class name."""
     if isinstance(error, ProxyError):

@@ -1,0 +1,152 @@
+"""A request never waits on inline compaction past its deadline, and a streamed one gets its headers at once.
+
+The upstream below answers chat requests at once and holds every summary request until the test lets it go,
+like a slow local model summarising a long history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import httpx
+import openai
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.support.fakes import wait_for
+from tests.support.servers import serve_in_thread
+from tests.support.sim import is_summary_request
+
+
+class HeldSummaries:
+    def __init__(self) -> None:
+        self.summary_requested = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.release = asyncio.Event()
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    def let_go(self) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.release.set)
+
+    async def chat(self, request: Request) -> Response:
+        self.loop = asyncio.get_running_loop()
+        body = json.loads(await request.body())
+        if is_summary_request(body):
+            self.summary_requested.set()
+            await self.release.wait()
+            return self._answer(body, "Notes: the user described the pumps.")
+        if body.get("stream"):
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+            events = [
+                {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Pump 3."}}]},
+                {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            return Response(text, media_type="text/event-stream")
+        return self._answer(body, "Pump 3.")
+
+    @staticmethod
+    def _answer(body: dict[str, Any], text: str) -> Response:
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+
+def history(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        out.append({"role": "user", "content": f"Pump {i} in hall {i % 5} reads {i * 3 + 20} psi today. " * 5})
+        out.append({"role": "assistant", "content": f"Noted the reading of pump {i}."})
+    out.append({"role": "user", "content": "Which pump is worst?"})
+    return out
+
+
+def start(proxy_factory: Any, url: str, deadline: float) -> Any:
+    model = {
+        "model_name": "local",
+        "litellm_params": {"model": "openai/local", "api_base": f"{url}/v1", "api_key": "k-12345678"},
+        "model_info": {"max_input_tokens": 2048},
+    }
+    lcm = {"inline_compaction_seconds": deadline, "summary_timeout": 120}
+    return proxy_factory(models=[model], lcm=lcm, request_timeout=120)
+
+
+def test_a_streamed_request_gets_its_headers_while_compaction_runs(proxy_factory: Any) -> None:
+    upstream = HeldSummaries()
+    with serve_in_thread(upstream.app) as url:
+        proxy = start(proxy_factory, url, deadline=120)
+        client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0, timeout=10)
+        # The history is over this 2k window: the request must compact first, and the summary is held.
+        with client.chat.completions.with_streaming_response.create(
+            model="local", messages=history(30), stream=True, max_tokens=64
+        ) as response:  # type: ignore[call-overload]
+            # Headers while the compaction cannot have finished: its summary is held until we let it go.
+            assert response.headers["x-lcm-compaction"] == "inline" and not upstream.release.is_set()
+            assert upstream.summary_requested.wait(10)
+            upstream.let_go()
+            chunks = list(response.parse())
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "Pump 3."  # the keep-alive comments in between are invisible to the SDK
+
+
+def test_a_request_is_answered_from_what_fits_when_compaction_overruns_its_deadline(proxy_factory: Any) -> None:
+    upstream = HeldSummaries()
+    with serve_in_thread(upstream.app) as url:
+        proxy = start(proxy_factory, url, deadline=0.2)
+        messages = history(30)
+        first = httpx.post(
+            f"{proxy.base_url}/chat/completions", json={"model": "local", "messages": messages, "max_tokens": 64}
+        )
+        assert first.status_code == 200 and first.headers["x-lcm-compaction"] == "deferred"
+        assert first.json()["choices"][0]["message"]["content"] == "Pump 3."
+        assert int(first.headers["x-lcm-evicted"]) > 0  # answered from what fits
+        upstream.let_go()  # the compaction goes on in the background and lands
+        conversation = first.headers["x-lcm-conversation-id"]
+        follow = [*messages, {"role": "assistant", "content": "Pump 3."}, {"role": "user", "content": "Why?"}]
+
+        def compacted() -> bool:
+            return bool(httpx.get(f"{proxy.url}/lcm/conversations/{conversation}").json()["context_summaries"])
+
+        assert wait_for(compacted, timeout=30)
+        second = httpx.post(
+            f"{proxy.base_url}/chat/completions", json={"model": "local", "messages": follow, "max_tokens": 64}
+        )
+        assert second.status_code == 200 and int(second.headers["x-lcm-summaries"]) > 0
+
+
+def test_a_conversation_deleted_while_its_request_waits_is_a_retryable_409(proxy_factory: Any) -> None:
+    """The admin deletes a conversation while a request of it waits on its inline compaction: the request
+    gets a 409 the client may retry (which starts afresh), never a 500; the store stays consistent (doctor
+    runs on it after the test)."""
+    upstream = HeldSummaries()
+    with serve_in_thread(upstream.app) as url:
+        proxy = start(proxy_factory, url, deadline=120)
+        answers: list[httpx.Response] = []
+        body = {"model": "local", "messages": history(30), "max_tokens": 64}
+        waiting = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60))
+        )
+        waiting.start()
+        assert upstream.summary_requested.wait(10)
+        [conversation] = [c["id"] for c in httpx.get(f"{proxy.url}/lcm/conversations").json()["data"]]
+        deleted = httpx.delete(f"{proxy.url}/lcm/conversations/{conversation}", timeout=30)
+        assert deleted.status_code == 200, deleted.text
+        upstream.let_go()
+        waiting.join(60)
+        [answer] = answers
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["error"]["type"] != "server_error" and "deleted" in answer.json()["error"]["message"]
+        assert httpx.get(f"{proxy.url}/lcm/conversations/{conversation}").status_code == 404
