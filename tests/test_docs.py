@@ -312,6 +312,42 @@ def test_configuration_tables_name_every_setting_and_only_settings() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _shown_default(value: object) -> str | None:
+    """A default as the tables write it (``600``, ``true``, ``auto``, ``[]``), or None when a table explains it in
+    words (unset, a nested section)."""
+    if value is None or isinstance(value, BaseModel) or repr(value) == "PydanticUndefined":
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).replace("'", '"') if isinstance(value, list | dict) else str(value)
+
+
+def _defaults(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        shown = _shown_default(field.default)
+        if shown is not None:
+            found[prefix + name] = shown
+        inner = _model(field.annotation)
+        if inner is not None:
+            found.update(_defaults(inner, f"{prefix}{name}."))
+    return found
+
+
+def test_configuration_tables_show_the_real_defaults() -> None:
+    sections = _section_rows(_read(CONFIGURATION))
+    wrong = []
+    for section, field in ProxyConfig.model_fields.items():
+        model = _model(field.annotation) or _nested(field.annotation)[0]
+        for key, shown in _defaults(model).items():
+            cells = sections[section][key].split("|")
+            if f"`{shown}`" not in cells[3]:
+                wrong.append(f"{section}.{key}: the default is {shown}, the table says {cells[3].strip()}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_config_checker_sees_a_missing_row() -> None:
     """The table check can fail: a settings model with a field no table names is reported."""
 
