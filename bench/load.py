@@ -38,7 +38,7 @@ must hold exactly the transcript it last sent. Every stored conversation must ha
 client; there must be exactly one root conversation per shared opening (the racing first requests created
 one); and the number of forks must equal what the clients' actions imply: one per extra branch of an
 opening, one per regenerate-then-continue, one per edit, none for retries and double submits. The fake
-upstream checks every forwarded chat request against the window (ARCHITECTURE.md's "Bounded") and for paired
+upstream checks every forwarded chat request against the window (docs/architecture.md's "Bounded") and for paired
 tool calls. Then doctor (which includes the store's own integrity checks). Errors are any non-200 answer, an
 SSE error event, a transport error, or an ERROR (or "database is locked") line in a proxy's log; none is
 expected.
@@ -171,7 +171,7 @@ class LoadModel:
         return Reply(content=f"Answer {n}: {text}.")
 
     def check(self, body: dict[str, Any]) -> None:
-        """The "Bounded" and "Tool pairing" invariants (ARCHITECTURE.md), on every forwarded chat request."""
+        """The "Bounded" and "Tool pairing" invariants (docs/architecture.md), on every forwarded chat request."""
         from proxy.tokens import count_messages, count_text
 
         messages = body["messages"]

@@ -93,7 +93,7 @@ def add_deleting_commands(sub: Any, add_store: Callable[[argparse.ArgumentParser
         "delete",
         help="delete a conversation and everything stored with it",
         description="Delete a conversation: its messages, summaries, files no other conversation uses, and their"
-        " traces in the store's files (README: Deleting data). Forks keep the prefix they share with it until they"
+        " traces in the store's files (docs/operations.md). Forks keep the prefix they share with it until they"
         " are deleted too. Asks for confirmation on a terminal; elsewhere it needs --yes.",
     )  # fmt: skip
     delete.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")

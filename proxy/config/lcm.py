@@ -14,7 +14,7 @@ class Strict(BaseModel):
 
 
 class LcmSettings(Strict):
-    """Context-management knobs (ARCHITECTURE.md, "Compaction", "Interception" and "Defaults").
+    """Context-management knobs (docs/architecture.md, "Compaction", "Interception" and "Defaults").
 
     The size knobs left unset (None) scale with the model's window (``proxy.engine.budget.sizes``): a value
     sized for a 128k model must not refuse a paste to a 2k one or write summaries larger than its window.

@@ -1,4 +1,4 @@
-"""Auto-recall: original excerpts of older messages that match the newest user message (ARCHITECTURE.md,
+"""Auto-recall: original excerpts of older messages that match the newest user message (docs/architecture.md,
 "Recall"). Small local models cannot call ``lcm_grep``; when older messages are no longer forwarded raw (they
 were summarised or evicted), the proxy searches them with the newest user message and places the best
 excerpts in one ``<recalled_history>`` block just before that message.

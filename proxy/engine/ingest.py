@@ -1,6 +1,6 @@
 """Ingest: reconcile a request's transcript with the store, append only what is new.
 
-Rules (ARCHITECTURE.md, "Request lifecycle" step 5), with T the request's transcript (instructions removed), S
+Rules (docs/architecture.md, "Request lifecycle" step 5), with T the request's transcript (instructions removed), S
 the stored conversation it belongs to and p the length of their common prefix:
 
 * p == len(S) < len(T): continuation — append T[p:].

@@ -87,7 +87,7 @@ def _attribute(value: object) -> str:
 
 
 def summary_block(summary: SummaryRecord) -> str:
-    """One summary in the wrapper the model sees (ARCHITECTURE.md, "Compaction"): its id (to recall the sources), the
+    """One summary in the wrapper the model sees (docs/architecture.md#compaction): its id (to recall the sources), the
     time it covers, and the untrusted mark; ids of levels and counts stay in the admin views, where they cost
     the model nothing."""
     attributes = (

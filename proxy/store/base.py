@@ -278,7 +278,7 @@ class Store(Protocol):
 
     async def scrub(self, *, full: bool = False) -> list[str]:
         """After deletions: make what they removed unreadable in the store's own files as far as the database
-        allows (README, "Deleting data"); ``full`` rewrites the tables (slow, and blocking on PostgreSQL). What
+        allows (docs/operations.md#deleting-data); ``full`` rewrites the tables (slow, and blocking on PostgreSQL). What
         could not be done, one line each (nothing: done). Its cost grows with the store, so it works in bounded
         steps and never holds the store's writer for long (``proxy.store.sqlite.delete``)."""
         ...

@@ -170,8 +170,8 @@ def test_serve_never_prints_keys(tmp_path: Path, isolated_env: dict[str, str]) -
 
 @pytest.mark.parametrize("args", [["--help"], ["serve", "--help"]], ids=["help", "serve-help"])
 def test_readme_shows_the_real_help(args: list[str]) -> None:
-    """The README's help blocks are the program's own output (at 80 columns), so they cannot drift."""
-    readme = (REPO / "README.md").read_text()
+    """The help blocks of docs/operations.md are the program's own output (at 80 columns), so they cannot drift."""
+    readme = (REPO / "docs" / "operations.md").read_text()
     shown = "$ lcm-proxy " + " ".join(args) + "\n"
     assert shown in readme
     block = readme.split(shown, 1)[1].split("```", 1)[0]

@@ -174,7 +174,7 @@ def test_example_config_is_valid_and_has_defaults() -> None:
 
 
 def test_lcm_defaults_match_design() -> None:
-    """ARCHITECTURE.md's sizes are the large-model defaults; unset, each one scales down with a smaller window."""
+    """docs/architecture.md's sizes are the large-model defaults; unset, each one scales down with a smaller window."""
     s = LcmSettings()
     assert (s.context_threshold, s.fresh_tail_count, s.leaf_min_fanout, s.condensed_min_fanout) == (0.75, 32, 8, 4)
     assert s.summary_model is None and s.auto_recall == "auto"

@@ -231,7 +231,7 @@ def test_delete_leaves_nothing_of_a_conversation_and_everything_else(where: Loca
             await deleter.delete("t", other_id, via="cli")  # another tenant's: just as unknown
         if isinstance(store, SQLiteStore):
             assert holding(where.data_dir, marker) == []  # not in lcm.sqlite3, its -wal, nor any file
-        else:  # the dead rows are vacuumed away (their space is reused, not zeroed: README, "Deleting data")
+        else:  # the dead rows are vacuumed away (their space is reused, not zeroed: docs/operations.md, "Deleting data")
             async with store.pool.connection() as conn:
                 cursor = await conn.execute(
                     "SELECT relname FROM pg_stat_user_tables WHERE schemaname = 'lcm' AND last_vacuum IS NOT NULL"

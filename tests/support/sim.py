@@ -78,7 +78,7 @@ class Stats:
 
     def _comparable(self) -> list[list[dict[str, Any]]]:
         """Each request's messages before the one carrying the auto-recall block (the newest user message):
-        everything before the block is what must stay byte-identical (ARCHITECTURE.md, "Prefix stability")."""
+        everything before the block is what must stay byte-identical (docs/architecture.md, "Prefix stability")."""
         out = []
         for messages in self.forwarded:
             cut = len(messages)

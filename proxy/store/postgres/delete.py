@@ -11,7 +11,7 @@ What PostgreSQL keeps of a deleted row, and what can be done about it:
   ``VACUUM FULL`` (``full=True``: ``lcm-proxy purge --vacuum-full``) rewrites each table into new files and
   drops the old ones, but holds an exclusive lock on each table while it runs: every replica waits.
 * the write-ahead log, its archive, replicas and backups keep the rows as they were written, for as long as
-  they are kept: PostgreSQL offers no way to scrub them (README, "Deleting data").
+  they are kept: PostgreSQL offers no way to scrub them (docs/operations.md, "Deleting data").
 
 ``VACUUM`` cannot run inside a transaction: it runs on a pooled connection, which is in autocommit mode. A
 table the database role does not own is skipped by PostgreSQL with a warning.
