@@ -24,7 +24,7 @@ import asyncio
 import logging
 from typing import Any
 
-from proxy.dialects import Dialect
+from proxy.dialects import CHAT, Dialect
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
 from proxy.engine.intercept import Interceptor
@@ -63,7 +63,7 @@ async def record_answer(
     tip_chain: str | None,
     answer: Message,
     asked_at: float,
-    dialect: Dialect,
+    dialect: Dialect = CHAT,
 ) -> bool:
     """Append ``answer`` after the first ``length`` messages of the conversation (whose last chain hash is
     ``tip_chain``) if they are still all of it, or replace a relayed answer at that place given to a request

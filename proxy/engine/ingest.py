@@ -32,13 +32,14 @@ import orjson
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
 from proxy.engine.canonical import chain_hashes
 from proxy.engine.compaction import covering_prefix
-from proxy.engine.errors import ConversationBusy, NotFound
+from proxy.engine.errors import ConversationBusy
 from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
+from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
-from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
+from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
 from proxy.engine.summarize import Guard
-from proxy.store.base import LONG_RANGE, BlobBatch, Blobs, Store, Writes, reads_for
+from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
 from proxy.types import Message, Messages
 
@@ -395,23 +396,6 @@ def _plain_retry(guess: Located, incoming: Incoming) -> bool:
         and (incoming.model is None or conversation.last_model == incoming.model)
         and time.time() - conversation.updated_at < TOUCH_INTERVAL
     )
-
-
-async def export_conversation(store: Store, files: Blobs, tenant: str | None, conversation_id: str) -> Messages:
-    """The transcript exactly as the client last sent it: instructions + restored messages."""
-    q = store.read
-    conversation = await q.conversation(tenant, conversation_id)
-    if conversation is None:
-        raise NotFound(f"no conversation {conversation_id}")
-    out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
-    for start in range(0, conversation.message_count, LONG_RANGE):  # a page at a time, off the event loop
-        for record in await store.search.messages(conversation_id, start, start + LONG_RANGE):
-            original = orjson.loads(record.original_json)
-            if record.payload_paths:
-                contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
-                original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
-            out.append(original)
-    return out
 
 
 __all__ = ["IngestResult", "Ingestor", "Thresholds", "export_conversation", "file_id_for", "locate"]
