@@ -7,6 +7,9 @@ forwarded view oldest first (``proxy.engine.assemble``). When older material is 
 auto-recall places original excerpts that match the newest user message right before it. Only when the
 newest user message and what follows it cannot fit at all is the request refused. Below the soft threshold
 with nothing intercepted, the request's own message list is forwarded untouched and no summarizer is called.
+
+Messages are read, and the proxy's own blocks written, through the request's dialect (``proxy.dialects``):
+the chat door's by default. The sweeps this process runs are ``proxy.engine.sweeps``'s to track.
 """
 
 from __future__ import annotations

@@ -84,3 +84,21 @@ def test_the_fresh_tail_starts_where_a_cut_may_fall(dialect: Dialect, messages: 
             sizes = dataclasses.replace(base, tail_count=tail_count, tail_tokens=tail_tokens)
             start = tail_start(dialect, roles, costs, 0, len(roles), sizes)
             assert cut_allowed(dialect, roles, start), (tail_count, tail_tokens, start)
+
+
+def test_chat_cuts_where_the_engine_always_cut() -> None:
+    """Before dialects the engine kept ``tool`` and ``function`` messages with the message before them,
+    whatever that was; the chat dialect's cuts are exactly those."""
+    roles = ["user", "assistant", "tool", "function", "user", "assistant", "tool", "assistant", "user", "function"]
+    costs = [5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+    assert [cut_allowed(CHAT, roles, i) for i in range(len(roles))] == [r not in ("tool", "function") for r in roles]
+    for limit in range(1, sum(costs) + 1):
+        first = 0
+        required = 8  # the newest user message; what follows it always fits these limits or nothing does
+        if sum(costs[required:]) > limit:
+            continue
+        while sum(costs[first:]) > limit and first < required:
+            first += 1
+            while first < required and roles[first] in ("tool", "function"):
+                first += 1
+        assert fit(CHAT, [], 0, roles, costs, limit).first_raw == first, limit
