@@ -24,6 +24,7 @@ import asyncio
 import logging
 from typing import Any
 
+from proxy.dialects import CHAT, Dialect
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
 from proxy.engine.intercept import Interceptor
@@ -62,14 +63,15 @@ async def record_answer(
     tip_chain: str | None,
     answer: Message,
     asked_at: float,
+    dialect: Dialect = CHAT,
 ) -> bool:
     """Append ``answer`` after the first ``length`` messages of the conversation (whose last chain hash is
     ``tip_chain``) if they are still all of it, or replace a relayed answer at that place given to a request
     that arrived earlier than this one (``asked_at``). True if stored."""
-    previous = tip_chain if length > 0 else chain_root(tenant)
+    previous = tip_chain if length > 0 else chain_root(tenant, dialect.name)
     if previous is None:
         return False
-    chain = chain_next(previous, answer)
+    chain = chain_next(previous, answer)  # ``answer`` is a message of ``dialect``, as the client will send it
     store = ingestor.store
     current = await store.read.conversation(tenant, conversation_id)
     if current is None or current.message_count not in (length, length + 1):
@@ -77,7 +79,7 @@ async def record_answer(
     limits = ingestor.thresholds
     explorations: dict[str, str] = {}
     explorer = ingestor.explorer(tenant, None, explorations)
-    interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer)
+    interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
     batch = ingestor.files.batch(tenant)
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)

@@ -7,7 +7,9 @@ empty values and sorts keys; the stored message keeps the client's original JSON
 
 Each message's *chain hash* covers the tenant and every message before it, so one indexed lookup answers
 "does any conversation of this tenant start with exactly these k messages?" and the set of stored chain
-hashes is prefix-closed, which makes the longest-prefix search a binary search.
+hashes is prefix-closed, which makes the longest-prefix search a binary search. The chain of a transcript
+of another wire format than chat starts from a root of its own (``chain_root``): a Messages transcript never
+continues a chat conversation, and chat's hashes are what they were before there were other formats.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from typing import Any
 
 import orjson
 
+from proxy import dialects
 from proxy.types import Message, Messages
-
-INSTRUCTION_ROLES = ("system", "developer")
 
 
 def _is_empty(value: Any) -> bool:
@@ -45,8 +46,11 @@ def same_message(a: Message, b: Message) -> bool:
     return bool(canonical(a) == canonical(b))
 
 
-def chain_root(tenant: str) -> str:
-    return hashlib.sha256(b"lcm-chain\x00" + tenant.encode()).hexdigest()[:32]
+def chain_root(tenant: str, dialect: str = dialects.CHAT.name) -> str:
+    seed = b"lcm-chain\x00" + tenant.encode()
+    if dialect != dialects.CHAT.name:
+        seed += b"\x00" + dialect.encode()
+    return hashlib.sha256(seed).hexdigest()[:32]
 
 
 def chain_next(previous: str, message: Message) -> str:
@@ -54,9 +58,9 @@ def chain_next(previous: str, message: Message) -> str:
     return hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
 
 
-def chain_hashes(tenant: str, messages: Messages) -> list[str]:
-    """``result[i]`` identifies ``messages[: i + 1]`` within ``tenant``."""
-    previous = chain_root(tenant)
+def chain_hashes(tenant: str, messages: Messages, dialect: str = dialects.CHAT.name) -> list[str]:
+    """``result[i]`` identifies ``messages[: i + 1]`` (of wire format ``dialect``) within ``tenant``."""
+    previous = chain_root(tenant, dialect)
     out: list[str] = []
     for message in messages:
         previous = chain_next(previous, message)
@@ -65,8 +69,5 @@ def chain_hashes(tenant: str, messages: Messages) -> list[str]:
 
 
 def split_instructions(messages: Messages) -> tuple[Messages, Messages]:
-    """Leading system/developer messages are instructions: forwarded verbatim, outside identity."""
-    i = 0
-    while i < len(messages) and messages[i].get("role") in INSTRUCTION_ROLES:
-        i += 1
-    return messages[:i], messages[i:]
+    """Leading system/developer chat messages are instructions: forwarded verbatim, outside identity."""
+    return dialects.split_instructions(dialects.CHAT, messages)

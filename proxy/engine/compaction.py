@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config.lcm import LcmSettings
+from proxy.dialects import Dialect, by_name
 from proxy.engine import budget
-from proxy.engine.assemble import required_start
+from proxy.engine.assemble import exchange_start, required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
 from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.lease import CompactionLeases
@@ -40,18 +41,18 @@ from proxy.store.records import ConversationRecord, SummaryRecord
 TAIL_LOOKBACK = 512  # roles fetched before the fresh tail, to find the start of a long run of tool results
 
 
-def tail_start(roles: Sequence[str], costs: Sequence[int], offset: int, count: int, sizes: Sizes) -> int:
+def tail_start(
+    dialect: Dialect, roles: Sequence[str], costs: Sequence[int], offset: int, count: int, sizes: Sizes
+) -> int:
     """First seq of the fresh tail: the newest messages, at most ``sizes.tail_count`` of them and at most
     ``sizes.tail_tokens``, taken whole exchanges at a time (a tool result never starts the tail: its assistant
     call joins it). What must be forwarded raw (``required_start``: the newest user message and what follows
     it, or in a long agent run only the newest exchange) always belongs to the tail. ``roles`` and ``costs``
     cover seqs ``[offset, count)``."""
-    required = required_start(roles, costs, offset, count, sizes.limit) if count > offset else count
+    required = required_start(dialect, roles, costs, offset, count, sizes.limit) if count > offset else count
     start, total = count, 0
     while start > offset:
-        first = start - 1
-        while first > offset and roles[first - offset] in ("tool", "function"):
-            first -= 1  # a whole exchange: the call and all of its results
+        first = exchange_start(dialect, roles, offset, start - 1)  # a whole exchange: the call and its results
         cost = sum(costs[first - offset : start - offset])
         if start <= required and (count - first > sizes.tail_count or total + cost > sizes.tail_tokens):
             break
@@ -124,19 +125,28 @@ class Compactor:
     async def context_tokens(self, conversation: ConversationRecord, count: int) -> int:
         """Tokens of the assembled messages (instructions excluded) for the first ``count`` messages."""
         summaries, upto = await self.view(conversation, count)
-        return await self._tokens(conversation.id, summaries, upto, conversation.stubbed_upto, count)
+        dialect = by_name(conversation.dialect)
+        return await self._tokens(conversation.id, summaries, upto, conversation.stubbed_upto, count, dialect)
 
     async def _tokens(
-        self, conversation_id: str, summaries: Sequence[SummaryRecord], upto: int, stubbed_upto: int, count: int
+        self,
+        conversation_id: str,
+        summaries: Sequence[SummaryRecord],
+        upto: int,
+        stubbed_upto: int,
+        count: int,
+        dialect: Dialect,
     ) -> int:
         raw = await reads_for(self.store, count - upto).raw_token_sum(conversation_id, upto, count, stubbed_upto)
-        return summary_tokens(summaries) + raw
+        return summary_tokens(summaries, dialect) + raw
 
-    async def tail_start(self, conversation_id: str, count: int, stubbed_upto: int, sizes: Sizes) -> int:
+    async def tail_start(
+        self, conversation_id: str, count: int, stubbed_upto: int, sizes: Sizes, dialect: Dialect
+    ) -> int:
         offset = max(0, count - sizes.tail_count - TAIL_LOOKBACK)
         roles = await self.store.read.roles(conversation_id, offset, count)
         costs = await self.store.read.raw_token_counts(conversation_id, offset, count, stubbed_upto)
-        return tail_start(roles, costs, offset, count, sizes)
+        return tail_start(dialect, roles, costs, offset, count, sizes)
 
     async def plan(self, conversation: ConversationRecord) -> Plan:
         summaries = await self.store.read.context_summaries(conversation.id)
@@ -218,10 +228,12 @@ class Compactor:
         n = conversation.message_count if count is None else count
         plan = await self.plan(conversation)
         deadline = time.monotonic() + self.settings.sweep_deadline_seconds
-        tail = await self.tail_start(conversation_id, n, conversation.stubbed_upto, sizes)
+        dialect = by_name(conversation.dialect)
+        tail = await self.tail_start(conversation_id, n, conversation.stubbed_upto, sizes, dialect)
         for iteration in range(self.settings.max_sweep_iterations + 1):
-            current = await self._tokens(conversation_id, plan.summaries, plan.summarized_upto, plan.stubbed_upto, n)
-            crowded = summary_tokens(plan.summaries) > sizes.summary_room
+            upto, stubbed = plan.summarized_upto, plan.stubbed_upto
+            current = await self._tokens(conversation_id, plan.summaries, upto, stubbed, n, dialect)
+            crowded = summary_tokens(plan.summaries, dialect) > sizes.summary_room
             due = crowded or self.writer.condensable(plan.summaries, force=False) is not None  # a run at its fanout
             if iteration == 0:
                 report.tokens_before = current

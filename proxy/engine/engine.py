@@ -7,6 +7,9 @@ forwarded view oldest first (``proxy.engine.assemble``). When older material is 
 auto-recall places original excerpts that match the newest user message right before it. Only when the
 newest user message and what follows it cannot fit at all is the request refused. Below the soft threshold
 with nothing intercepted, the request's own message list is forwarded untouched and no summarizer is called.
+
+Messages are read, and the proxy's own blocks written, through the request's dialect (``proxy.dialects``):
+the chat door's by default. The sweeps this process runs are ``proxy.engine.sweeps``'s to track.
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ import orjson
 
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
+from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
 from proxy.engine import answers, auto_recall, budget
-from proxy.engine.assemble import Assembly, TooLarge, fit, join, prepend_text, required_start
+from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
 from proxy.engine.budget import Budget, Sizes
-from proxy.engine.canonical import split_instructions
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
 from proxy.engine.errors import ContextTooLong, ConversationBusy
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
-from proxy.engine.render import content_text, render_summaries
-from proxy.engine.summarize import SWEEP_MODE, Guard, Summarizer, Yielding
+from proxy.engine.render import summaries_text
+from proxy.engine.summarize import Guard, Summarizer
+from proxy.engine.sweeps import Sweeps
 from proxy.store.base import Blobs, Store, reads_for
 from proxy.store.records import ConversationRecord
 from proxy.types import Message, Messages
@@ -62,6 +66,7 @@ class _Request:
     count: int
     view: View
     tools_offered: bool
+    dialect: Dialect
 
 
 @dataclass
@@ -89,8 +94,7 @@ class ContextEngine:
         default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
         self.ingestor = Ingestor(store, files, Thresholds(default.large_file, default.tool_result), self.guard)
         self.compactor = Compactor(store, settings, self.guard)
-        self._background: dict[str, asyncio.Task[SweepReport]] = {}
-        self._modes: dict[str, Yielding] = {}  # of the running sweeps: background work or awaited by a request
+        self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
     async def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
@@ -107,12 +111,13 @@ class ContextEngine:
         conversation_key: str | None = None,
         model: str | None = None,
         tools_offered: bool = False,
+        dialect: Dialect = CHAT,
     ) -> Preparation:
         """The fast half of ``prepare``: ingest, the refusal check, and the start of an inline compaction when
         one is needed (``Preparation.compacting``); ``finish`` waits for it and assembles. A streamed request
-        can send its headers in between."""
-        instructions, _ = split_instructions(messages)
-        instruction_tokens = tokens.count_messages(instructions) if instructions else 0
+        can send its headers in between. ``messages`` are in the wire format ``dialect`` reads."""
+        instructions, _ = split_instructions(dialect, messages)
+        instruction_tokens = count_messages(dialect, instructions) if instructions else 0
         limit = request_budget.for_messages(instruction_tokens)
         if request_budget.reserve_leaves_no_room(instruction_tokens):
             raise self._no_room(limit, request_budget, instruction_tokens)  # before anything is stored
@@ -124,16 +129,17 @@ class ContextEngine:
             summarizer=summarizer,
             model=model,
             thresholds=Thresholds(sizes.large_file, sizes.tool_result),
+            dialect=dialect,
         )
         if ingested.conversation_id is None:
             done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
             return Preparation(self, done=done)
-        parent_task = self._background.get(ingested.forked_from) if ingested.forked_from else None
-        if ingested.forked_from is not None and (parent_task is None or parent_task.done()):
+        parent_task = self.sweeps.current(ingested.forked_from) if ingested.forked_from else None
+        if ingested.forked_from is not None and parent_task is None:
             await self._adopt(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(tenant, ingested.conversation_id)
         count = len(ingested.messages) - len(instructions)
-        view = await self._view(conversation, count, limit)
+        view = await self._view(conversation, count, limit, dialect)
         required = sum(view.costs[view.required - view.upto :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
@@ -142,7 +148,7 @@ class ContextEngine:
             raise refusal
         request = _Request(
             tenant, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
-            tools_offered,
+            tools_offered, dialect,
         )  # fmt: skip
         if parent_task is not None and not parent_task.done():
             # A fork made while its parent is being compacted waits for that compaction (in ``finish``, so a
@@ -150,22 +156,18 @@ class ContextEngine:
             waiting = asyncio.create_task(self._after_parent(request, parent_task, summarizer))
             return Preparation(self, request, compacting=waiting)
         if view.tokens > sizes.context:
-            task = self._background.get(conversation.id)
-            if task is None or task.done():
-                task = self._start(conversation.id, summarizer, sizes, count, "inline")
+            task = self.sweeps.start(conversation.id, summarizer, sizes, count, "inline")
             return Preparation(self, request, compacting=task)
         return Preparation(self, request)
 
     async def _finish(self, request: _Request, compacting: asyncio.Task[SweepReport] | None) -> Prepared:
-        ingested, instructions, instruction_tokens = request.ingested, request.instructions, request.instruction_tokens
-        limit, sizes, count, view = request.limit, request.sizes, request.count, request.view
-        conversation, tools_offered, messages = request.conversation, request.tools_offered, request.messages
-        transcript = ingested.messages[len(instructions) :]  # huge payloads already stubbed
+        ingested, conversation, count, view = request.ingested, request.conversation, request.count, request.view
+        sizes, limit = request.sizes, request.limit
         compaction: Compaction = "none"
         if compacting is not None:
-            compaction = await self._wait_inline(conversation.id, compacting)
+            compaction = await self.sweeps.wait_inline(conversation.id, compacting)
             conversation = await self._conversation(request.tenant, conversation.id)
-            view = await self._view(conversation, count, limit)
+            view = await self._view(conversation, count, limit, request.dialect)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
         stubbed = min(conversation.stubbed_upto, count)
@@ -173,25 +175,34 @@ class ContextEngine:
         compact = {seq: c for seq, _, c in patches if c is not None}
         if not view.summaries and view.upto == 0 and not compact and view.tokens <= sizes.context:
             # Zero-cost continuity: the request's own list, untouched (nothing summarised, nothing stubbed).
-            stubs = ingested.messages is not messages  # huge payloads were stubbed at ingest
+            stubs = ingested.messages is not request.messages  # huge payloads were stubbed at ingest
             return Prepared(
                 conversation.id, ingested.messages, ingested.tokens_sent, ingested.tokens_forwarded, compaction,
-                limit, self._offer_tools(stubs, tools_offered), max(0, limit - view.tokens), count,
+                limit, self._offer_tools(stubs, request.tools_offered), max(0, limit - view.tokens), count,
                 Sent(tokens=view.tokens), sizes, ingested.tip_chain,
             )  # fmt: skip
+        return await self._assemble(request, conversation.id, view, compact, compaction)
+
+    async def _assemble(
+        self, request: _Request, conversation_id: str, view: View, compact: dict[int, str], compaction: Compaction
+    ) -> Prepared:
+        """``instructions + summaries + raw messages`` within the request's limit, with what auto-recall adds."""
+        ingested, dialect, sizes, limit = request.ingested, request.dialect, request.sizes, request.limit
+        count = request.count
         try:
-            assembly = fit(view.summaries, view.upto, view.roles, view.costs, sizes.context)
-        except TooLarge:
-            assembly = fit(view.summaries, view.upto, view.roles, view.costs, limit)  # the recall reserve gives way
+            assembly = fit(dialect, view.summaries, view.upto, view.roles, view.costs, sizes.context)
+        except TooLarge:  # the recall reserve gives way
+            assembly = fit(dialect, view.summaries, view.upto, view.roles, view.costs, limit)
         if assembly.evicted or assembly.first_raw > view.upto:
             compaction = "deferred" if compaction == "deferred" else "evicted"
             log.info(
                 "%s: %d summaries and %d messages left the forwarded view to fit %d tokens",
-                conversation.id,
+                conversation_id,
                 len(assembly.evicted),
                 assembly.first_raw - view.upto,
                 sizes.context,
             )
+        transcript = ingested.messages[len(request.instructions) :]  # huge payloads already stubbed
         raw: list[Message] = []
         for seq in range(assembly.first_raw, count):
             message = transcript[seq]
@@ -202,10 +213,10 @@ class ContextEngine:
         recalled: tuple[int, ...] = ()
         if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
             raw, recall_tokens, recalled = await self._auto_recall(
-                conversation.id, assembly.first_raw, raw, limit - used, sizes
+                conversation_id, assembly.first_raw, raw, limit - used, sizes, dialect
             )
             used += recall_tokens
-        summaries_message = render_summaries(assembly.summaries) if assembly.summaries else None
+        summaries = summaries_text(assembly.summaries) if assembly.summaries else None
         sent = Sent(
             tuple(s.id for s in assembly.summaries),
             tuple(assembly.evicted),
@@ -214,15 +225,15 @@ class ContextEngine:
             recalled,
             used,
         )
-        await self._record(conversation.id, sent, view.upto)
+        await self._record(conversation_id, sent, view.upto)
         return Prepared(
-            conversation.id,
-            join(instructions, summaries_message, raw),
+            conversation_id,
+            join(dialect, request.instructions, summaries, raw),
             ingested.tokens_sent,
-            instruction_tokens + used + 3,
+            request.instruction_tokens + used + 3,
             compaction,
             limit,
-            self._offer_tools(True, tools_offered),
+            self._offer_tools(True, request.tools_offered),
             max(0, limit - used),
             count,
             sent,
@@ -230,12 +241,13 @@ class ContextEngine:
             ingested.tip_chain,
         )
 
-    async def _view(self, conversation: ConversationRecord, count: int, limit: int) -> View:
+    async def _view(self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect) -> View:
         summaries, upto = await self.compactor.view(conversation, count)
         q = reads_for(self.store, count - upto)  # raw messages as long as the history until a compaction
         roles = await q.roles(conversation.id, upto, count)
         costs = await q.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
-        return View(summaries, upto, roles, costs, required_start(roles, costs, upto, count, limit) if costs else count)
+        required = required_start(dialect, roles, costs, upto, count, limit) if costs else count
+        return View(summaries, upto, roles, costs, required, dialect)
 
     async def _record(self, conversation_id: str, sent: Sent, upto: int) -> None:
         """Store what was forwarded when its composition changed (compaction moments, eviction), for the admin
@@ -285,68 +297,6 @@ class ContextEngine:
             param=b.reserve_source,
         )
 
-    async def _wait_inline(self, conversation_id: str, task: asyncio.Task[SweepReport]) -> Compaction:
-        """Wait for the compaction this request needs, for at most ``inline_compaction_seconds``; past that it
-        goes on in the background and the request is answered from what fits."""
-        done, _ = await asyncio.wait({task}, timeout=self.settings.inline_compaction_seconds)
-        if not done:
-            if conversation_id in self._modes:
-                self._modes[conversation_id].background = True
-            log.warning(
-                "inline compaction of %s still running after %.0f s: answering from what fits",
-                conversation_id,
-                self.settings.inline_compaction_seconds,
-            )
-            return "deferred"
-        if not task.cancelled() and task.result().busy:
-            return "deferred"  # another process kept sweeping it: its result lands, or a background sweep follows
-        return "inline"
-
-    def _start(
-        self,
-        conversation_id: str,
-        summarizer: RequestSummarizer | None,
-        sizes: Sizes | None,
-        count: int | None,
-        kind: str,
-    ) -> asyncio.Task[SweepReport]:
-        """The sweep of ``conversation_id``: the running one if there is one (single flight: a second request
-        waits for it and then looks at the context again), else a new one."""
-        running = self._background.get(conversation_id)
-        if running is not None and not running.done():
-            return running
-        self._modes[conversation_id] = Yielding(background=kind == "background")
-        task = asyncio.create_task(self._sweep(conversation_id, summarizer, sizes, count, kind))
-        self._background[conversation_id] = task
-        return task
-
-    async def _sweep(
-        self,
-        conversation_id: str,
-        summarizer: RequestSummarizer | None,
-        sizes: Sizes | None,
-        count: int | None,
-        kind: str,
-    ) -> SweepReport:
-        # This task's own context: a background sweep's summarizer calls give way to chat requests, and so do an
-        # inline sweep's once its request stopped waiting for it (``_wait_inline``).
-        SWEEP_MODE.set(self._modes[conversation_id])
-        # How long to wait for a sweep of the same conversation in another process (``proxy.engine.lease``): a
-        # request at most as long as it waits anyway, background work not at all, the operator's until it ends.
-        waits = {"inline": self.settings.inline_compaction_seconds, "background": 0.0}
-        wait = waits.get(kind, self.settings.sweep_deadline_seconds)
-        try:
-            report = await self.compactor.sweep(conversation_id, summarizer, sizes=sizes, count=count, lease_wait=wait)
-            log.info("%s compaction of %s: %s", kind, conversation_id, report)
-            return report
-        except Exception:
-            log.exception("%s compaction of %s failed", kind, conversation_id)
-            return SweepReport()
-        finally:
-            if self._background.get(conversation_id) is asyncio.current_task():
-                del self._background[conversation_id]
-                self._modes.pop(conversation_id, None)
-
     async def _after_parent(
         self, request: _Request, parent: asyncio.Task[SweepReport], summarizer: RequestSummarizer | None
     ) -> SweepReport:
@@ -357,10 +307,10 @@ class ContextEngine:
         if fork.parent_id is not None:
             await self._adopt(fork.id, fork.parent_id)
         conversation = await self._conversation(request.tenant, fork.id)
-        view = await self._view(conversation, request.count, request.limit)
+        view = await self._view(conversation, request.count, request.limit, request.dialect)
         if view.tokens <= request.sizes.context:
             return SweepReport()
-        return await self._start(fork.id, summarizer, request.sizes, request.count, "inline")
+        return await self.sweeps.start(fork.id, summarizer, request.sizes, request.count, "inline")
 
     async def _adopt(self, fork_id: str, parent_id: str) -> None:
         """Give a fork without summaries its parent's summaries of the shared prefix (nothing is summarised
@@ -377,23 +327,23 @@ class ContextEngine:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
 
     async def _auto_recall(
-        self, conversation_id: str, first_raw: int, raw: list[Message], free: int, sizes: Sizes
+        self, conversation_id: str, first_raw: int, raw: list[Message], free: int, sizes: Sizes, dialect: Dialect
     ) -> tuple[list[Message], int, tuple[int, ...]]:
         """Original excerpts matching the newest user message, from the messages not forwarded raw, placed
         in that message right before its own text (everything before it stays byte-identical)."""
         index = len(raw) - 1
-        while index >= 0 and raw[index].get("role") != "user":
+        while index >= 0 and not dialect.user_turn(dialect.role(raw[index])):
             index -= 1
         if index < 0:
             return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
         cap = min(free - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
-        query = content_text(raw[index].get("content"))
+        query = dialect.text(raw[index])
         block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)
         if block is None:
             return raw, 0, ()
         ids = tuple(int(i) for i in RECALLED_ID.findall(block))
         out = list(raw)
-        out[index] = prepend_text(raw[index], block)
+        out[index] = dialect.prepend(raw[index], block)
         return out, tokens.count_text(block) + 2, ids
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
@@ -402,28 +352,28 @@ class ContextEngine:
         if prepared.compaction not in ("scheduled", "deferred") or prepared.conversation_id is None:
             return False
         conversation_id, sizes = prepared.conversation_id, prepared.sizes
-        running = self._background.get(conversation_id)
-        if running is not None and not running.done():
+        running = self.sweeps.current(conversation_id)
+        if running is not None:
             # Single flight: no second sweep beside it. But should it stop short (it gave way to a chat request,
             # this one's own, or another process held the conversation), the work this request asks for
             # resumes in the background then instead of waiting for some later request.
             def resume(task: asyncio.Task[SweepReport]) -> None:
                 report = None if task.cancelled() else task.result()
                 if report is not None and (report.preempted or report.busy):
-                    self._start(conversation_id, summarizer, sizes, None, "background")
+                    self.sweeps.start(conversation_id, summarizer, sizes, None, "background")
 
             running.add_done_callback(resume)
             return False
-        self._start(conversation_id, summarizer, sizes, None, "background")
+        self.sweeps.start(conversation_id, summarizer, sizes, None, "background")
         return True
 
     async def compact(self, conversation_id: str, summarizer: RequestSummarizer | None) -> SweepReport:
         """A full sweep now (the admin API, ``lcm-proxy compact``): after the conversation's running sweep, never
         beside it, so nothing is summarised twice."""
-        while (running := self._background.get(conversation_id)) is not None and not running.done():
+        while (running := self.sweeps.current(conversation_id)) is not None:
             log.info("compaction of %s is running already: the full sweep waits for it", conversation_id)
             await asyncio.wait({running})
-        return await asyncio.shield(self._start(conversation_id, summarizer, None, None, "full"))
+        return await asyncio.shield(self.sweeps.start(conversation_id, summarizer, None, None, "full"))
 
     async def record_answer(self, tenant: str, prepared: Prepared, message: Any, asked_at: float) -> bool:
         """Store the answer relayed for ``prepared`` (a request that arrived at ``asked_at``) as its
@@ -439,18 +389,15 @@ class ContextEngine:
             prepared.tip_chain,
             answer,
             asked_at,
+            CHAT,  # ``answer_message`` makes a chat message of a chat response
         )
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait for background compactions (tests, shutdown)."""
-        tasks = [t for t in self._background.values() if not t.done()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        await self.sweeps.wait_idle(timeout)
 
     async def close(self) -> None:
-        for task in list(self._background.values()):
-            task.cancel()
-        await self.wait_idle(timeout=5)
+        await self.sweeps.close()
 
 
 def _loads(text: str) -> list[tuple[list[str | int], str]]:

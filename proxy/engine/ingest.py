@@ -23,27 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar
 
 import orjson
 
-from proxy import tokens
-from proxy.engine.canonical import chain_hashes, split_instructions
+from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
+from proxy.engine.canonical import chain_hashes
 from proxy.engine.compaction import covering_prefix
-from proxy.engine.errors import ConversationBusy, NotFound
+from proxy.engine.errors import ConversationBusy
 from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
-from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for, restore
+from proxy.engine.export import export_conversation
+from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
+from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
+from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
 from proxy.engine.summarize import Guard
-from proxy.store.base import LONG_RANGE, BlobBatch, Blobs, Reads, Store, Writes, reads_for
+from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
 from proxy.types import Message, Messages
-
-Action = Literal["none", "new", "append", "same", "earlier", "fork"]
 
 
 @dataclass(frozen=True)
@@ -55,23 +53,6 @@ class Thresholds:
     # the hourly cap), and none once this many seconds have passed; the rest get deterministic summaries.
     exploration_calls: int = 4
     exploration_seconds: float = 30.0
-
-
-@dataclass(frozen=True)
-class Located:
-    conversation: ConversationRecord | None
-    common: int  # messages shared by the request and that conversation
-    client_key: bool = False  # the request's key is one the client chose (it follows forks), not an id we issued
-
-    def action(self, request_count: int) -> Action:
-        if self.conversation is None:
-            return "new"
-        stored = self.conversation.message_count
-        if self.common == stored:
-            return "append" if request_count > stored else "same"
-        if self.common == request_count:
-            return "earlier"
-        return "fork"
 
 
 @dataclass(frozen=True)
@@ -94,96 +75,21 @@ class _NeedsPreparation(Exception):
 TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a plain re-send refreshes it
 
 
-def new_conversation_id() -> str:
-    return "conv_" + secrets.token_hex(8)
+@dataclass(frozen=True)
+class Incoming:
+    """What one request brings to the store: its transcript (instructions removed) and how it is identified."""
+
+    tenant: str
+    transcript: Messages
+    chains: list[str]
+    key: str | None
+    instructions_json: str | None
+    model: str | None
+    dialect: Dialect
 
 
-async def _binary_search(count: int, present: Callable[[int], Awaitable[bool]]) -> int:
-    """Largest k such that present(i) holds for every i < k; ``present`` must be prefix-closed."""
-    low, high = 0, count
-    while low < high:
-        middle = (low + high + 1) // 2
-        if await present(middle - 1):
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-async def locate(q: Reads, tenant: str, chains: list[str], key: str | None) -> Located:
-    if key is not None:
-        conversation = await q.conversation_by_key(tenant, key)
-        if conversation is None:
-            return Located(None, 0, client_key=True)
-        client_key = conversation.external_key == key
-        limit = min(len(chains), conversation.message_count)
-        common = await _binary_search(limit, lambda i: q.chain_in_conversation(conversation.id, i, chains[i]))
-        located = Located(conversation, common, client_key)
-        if client_key or located.action(len(chains)) != "fork":
-            return located
-        # An id the proxy issued names that conversation for good. A client that keeps sending it with a
-        # transcript that went elsewhere continues the fork its first such request made, not a new fork per
-        # request: the longest prefix among the conversation's descendants, if longer.
-        family = await q.descendants(tenant, conversation.id)
-        if not family:
-            return located
-        deeper = await _longest_prefix(q, tenant, chains, family)
-        return deeper if deeper.conversation is not None and deeper.common > common else located
-    return await _longest_prefix(q, tenant, chains, None)
-
-
-async def locate_locked(
-    tx: Writes, tenant: str, chains: list[str], key: str | None, expected: str | None = None
-) -> Located:
-    """``locate`` inside a write transaction, holding the locks that make its answer final until the commit:
-    the identity locks (the client's key, the first message's chain: every conversation this transcript could
-    continue starts with it) so that concurrent first requests create one conversation, then the lock of the
-    conversation found, re-reading once it is held (another replica may have written it meanwhile). The
-    conversation an earlier read ``expected`` is locked first, so that in the common case one read suffices."""
-    for identity in sorted({k for k in (key, chains[0] if chains else None) if k is not None}):
-        await tx.lock_identity(tenant, identity)
-    held: set[str] = set()
-    if expected is not None and await tx.lock_conversation(expected):
-        held.add(expected)
-    while True:
-        located = await locate(tx, tenant, chains, key)
-        found = located.conversation
-        if found is None or found.id in held:
-            return located
-        if len(held) >= 4:
-            raise ConversationBusy("Other requests kept moving this conversation while this one was stored; retry.")
-        held.add(found.id)
-        if not await tx.lock_conversation(found.id):
-            return located  # this store's writers are serialised: nothing can have changed
-
-
-async def _longest_prefix(q: Reads, tenant: str, chains: list[str], among: list[str] | None) -> Located:
-    """The conversation (of ``among``, or of the whole tenant) sharing the longest prefix with ``chains``."""
-
-    async def present(i: int) -> bool:
-        return await q.chain_exists(chains[i]) if among is None else await q.chain_in_any(among, chains[i])
-
-    common = await _binary_search(len(chains), present)
-    if common == 0:
-        return Located(None, 0)
-    candidates = await q.conversations_with_chain(tenant, chains[common - 1])
-    if among is not None:
-        candidates = [c for c in candidates if c.id in among]
-    if not candidates:  # the hash belongs to another tenant's chain: cannot happen, chains are tenant-seeded
-        return Located(None, 0)
-    best = max(candidates, key=lambda c: (c.message_count == common, c.updated_at))
-    return Located(best, common)
-
-
-async def replaces_relayed_answer(q: Reads, located: Located, transcript: Messages) -> bool:
-    """Whether the request differs from its conversation only in the answer the proxy relayed and stored last
-    (``proxy.engine.answers``): the client's version then replaces it."""
-    conversation, common = located.conversation, located.common
-    if conversation is None or common != conversation.message_count - 1 or common >= len(transcript):
-        return False
-    if transcript[common].get("role") != "assistant":
-        return False
-    return await q.replaceable_answer(conversation.id) == common
+Prepared = dict[int, tuple[Interception, NewMessage]]
+Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messages appended, forked from
 
 
 class Ingestor:
@@ -202,82 +108,67 @@ class Ingestor:
         summarizer: TextSummarizer | None = None,
         model: str | None = None,
         thresholds: Thresholds | None = None,
+        dialect: Dialect = CHAT,
     ) -> IngestResult:
-        """Store what is new in ``messages``; ``thresholds`` (the request's, scaled to its model's window)
-        decide what is intercepted, by default the ingestor's own."""
-        instructions, transcript = split_instructions(messages)
+        """Store what is new in ``messages`` (of ``dialect``); ``thresholds`` (the request's, scaled to its
+        model's window) decide what is intercepted, by default the ingestor's own."""
+        instructions, transcript = split_instructions(dialect, messages)
         if not transcript:
-            count = tokens.count_messages(messages)
+            count = count_messages(dialect, messages)
             return IngestResult(None, "none", 0, None, messages, count, count)
-        # Hashing canonical forms is CPU work proportional to the request: a large one goes to a worker thread,
-        # so that the event loop keeps serving other requests meanwhile.
-        if _weight(transcript) >= OFF_LOOP_CHARS:
-            chains = await asyncio.to_thread(chain_hashes, tenant, transcript)
-        else:
-            chains = chain_hashes(tenant, transcript)
-        tool_names = {
-            str(call.get("id")): str(call["function"].get("name", ""))
-            for m in transcript
-            for call in (m.get("tool_calls") or [])
-            if isinstance(call, dict) and isinstance(call.get("function"), dict)
-        }
+        instructions_json = orjson.dumps(instructions).decode() if instructions else None
+        incoming = Incoming(
+            tenant, transcript, await _chains(tenant, transcript, dialect), conversation_key, instructions_json, model,
+            dialect,
+        )  # fmt: skip
+        limits = thresholds or self.thresholds
         explorations: dict[str, str] = {}
         explorer = self.explorer(tenant, summarizer, explorations)
-        limits = thresholds or self.thresholds
-        interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer)
+        interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
+        tool_names = {call.id: call.name for m in transcript for call in dialect.tool_calls(m)}
 
         # Prepare outside the write lock: interception may write files and call the summarizer. New payload
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
         # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
         batch = self.files.batch(tenant)
         try:
-            first_guess = await locate(self.store.read, tenant, chains, conversation_key)
-            prepared: dict[int, tuple[Interception, NewMessage]] = {}
+            first_guess = await locate(self.store.read, tenant, incoming.chains, conversation_key)
+            prepared: Prepared = {}
 
             async def prepare(i: int) -> tuple[Interception, NewMessage]:
                 if i not in prepared:
-                    prepared[i] = await self.prepare_message(interceptor, transcript[i], chains[i], tool_names, batch)
+                    chain = incoming.chains[i]
+                    prepared[i] = await self.prepare_message(interceptor, transcript[i], chain, tool_names, batch)
                 return prepared[i]
 
             for i in range(first_guess.common, len(transcript)):
                 await prepare(i)
-
-            instructions_json = orjson.dumps(instructions).decode() if instructions else None
-            guess = first_guess.conversation
-            action_guess = first_guess.action(len(transcript))
-            action: Action
-            if (
-                guess is not None
-                and action_guess in ("same", "earlier")
-                and (action_guess == "earlier" or guess.instructions_json == instructions_json)
-                and (model is None or guess.last_model == model)
-                and time.time() - guess.updated_at < TOUCH_INTERVAL
-            ):
+            if _plain_retry(first_guess, incoming):
                 # A retry of what is stored: nothing to write, so no write transaction (the hot path of clients
                 # that re-send the same transcript, and of every multi-round tool loop).
-                conversation_id, action, appended, forked_from = guess.id, action_guess, 0, None
+                assert first_guess.conversation is not None
+                outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
+                guess = first_guess.conversation
                 commit = functools.partial(
-                    self._commit,
-                    tenant,
-                    transcript,
-                    chains,
-                    conversation_key,
-                    instructions_json,
-                    prepared,
-                    explorations,
-                    model,
-                    batch,
-                    guess.id if guess is not None else None,
+                    self._commit, incoming, prepared, explorations, batch, guess.id if guess is not None else None
                 )
-                conversation_id, action, appended, forked_from = await self._write(commit, prepare)
+                outcome = await self._write(commit, prepare)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
+        return await self._result(incoming, outcome, instructions, messages)
+
+    async def _result(
+        self, incoming: Incoming, outcome: Outcome, instructions: Messages, messages: Messages
+    ) -> IngestResult:
+        """What to forward: the request's own list, or a copy with the stored stubs applied."""
+        conversation_id, action, appended, forked_from = outcome
+        transcript = incoming.transcript
         q = reads_for(self.store, len(transcript))  # every message of the transcript: off the loop when long
         overrides = await q.forward_overrides(conversation_id, len(transcript))
         forwarded_tokens, sent_tokens = await q.token_sums(conversation_id, len(transcript))
-        instruction_tokens = tokens.count_messages(instructions)
+        instruction_tokens = count_messages(incoming.dialect, instructions)
         forwarded = list(instructions)
         changed = False
         for seq, message in enumerate(transcript):
@@ -295,14 +186,14 @@ class Ingestor:
             messages=forwarded if changed else messages,  # zero-cost: the very same list when nothing changed
             tokens_sent=sent_tokens + instruction_tokens,
             tokens_forwarded=forwarded_tokens + instruction_tokens,
-            tip_chain=chains[-1],
+            tip_chain=incoming.chains[-1],
         )
 
     async def _write(
         self,
-        commit: Callable[[], Awaitable[tuple[str, Action, int, str | None]]],
+        commit: Callable[[], Awaitable[Outcome]],
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
-    ) -> tuple[str, Action, int, str | None]:
+    ) -> Outcome:
         """Run ``commit`` (one write transaction) until it finds every message it needs prepared."""
         for _attempt in range(5):
             try:
@@ -319,91 +210,112 @@ class Ingestor:
 
     async def _commit(
         self,
-        tenant: str,
-        transcript: Messages,
-        chains: list[str],
-        key: str | None,
-        instructions_json: str | None,
-        prepared: dict[int, tuple[Interception, NewMessage]],
+        incoming: Incoming,
+        prepared: Prepared,
         explorations: dict[str, str],
-        model: str | None,
         batch: BlobBatch,
         expected: str | None = None,
-    ) -> tuple[str, Action, int, str | None]:
+    ) -> Outcome:
+        """One write transaction: decide again under the locks, place the transcript, append what is new."""
         async with self.store.write() as tx:
-            located = await locate_locked(tx, tenant, chains, key, expected)
-            action = located.action(len(transcript))
-            if action == "fork" and await replaces_relayed_answer(tx, located, transcript):
-                # The client re-sent the answer the proxy stored when it relayed it, in its own version: the
-                # client's wins, in place (not a fork).
-                assert located.conversation is not None
-                await tx.drop_relayed_answer(located.conversation.id, located.common)
-                located = Located(
-                    replace(located.conversation, message_count=located.common), located.common, located.client_key
-                )
-                action = "append"
+            located, action = await self._decide(tx, incoming, expected)
             conversation = located.conversation
-            forked_from = None
-            start = len(transcript)
             if conversation is None or action == "fork":
-                conversation_id = new_conversation_id()
-                # A fork shares the prefix before the point where it left its parent; with nothing in common
-                # (a key sent with an unrelated transcript) there is no lineage, and none must be recorded:
-                # recall reaches into a parent's prefix.
-                parent = conversation.id if conversation is not None and located.common > 0 else None
-                await tx.create_conversation(
-                    conversation_id,
-                    tenant,
-                    external_key=key if conversation is None else None,
-                    parent_id=parent,
-                    fork_seq=located.common if parent else None,
-                    instructions_json=instructions_json,
-                )
-                if conversation is not None and parent is not None:
-                    await tx.copy_prefix(conversation.id, conversation_id, located.common)
-                    forked_from = conversation.id
-                    # The fork shares the parent's summaries of the common prefix (nothing is summarised twice).
-                    shared, upto = await covering_prefix(
-                        tx, await tx.context_summaries(conversation.id), located.common
-                    )
-                    if shared:
-                        await tx.set_context(conversation_id, [s.id for s in shared], upto)
-                    await tx.set_stubbed_upto(conversation_id, min(conversation.stubbed_upto, located.common))
-                # The client's own key follows its current version of the conversation; an id the proxy issued
-                # keeps naming the conversation it was issued for.
-                if conversation is not None and key is not None and located.client_key:
-                    await tx.move_external_key(tenant, key, conversation_id)
+                conversation_id, forked_from = await self._create(tx, incoming, located)
                 start = located.common
             else:
-                conversation_id = conversation.id
-                if action == "append":
-                    start = conversation.message_count
+                conversation_id, forked_from = conversation.id, None
+                start = conversation.message_count if action == "append" else len(incoming.transcript)
                 # An "earlier" re-send (a title request, a sub-agent) must not rewrite the conversation's
                 # instructions: export would pair them with messages they were never sent with.
-                if action != "earlier" and conversation.instructions_json != instructions_json:
-                    await tx.set_instructions(conversation_id, instructions_json)
+                if action != "earlier" and conversation.instructions_json != incoming.instructions_json:
+                    await tx.set_instructions(conversation_id, incoming.instructions_json)
+            model = incoming.model
             if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
                 await tx.set_last_model(conversation_id, model)
-            missing = [i for i in range(start, len(transcript)) if i not in prepared]
+            missing = [i for i in range(start, len(incoming.transcript)) if i not in prepared]
             if missing:
                 raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
-            new = [prepared[i] for i in range(start, len(transcript))]
-            paths: list[str] = []
-            for interception, _ in new:
-                for payload in interception.payloads:
-                    exploration = explorations.get(payload.file_id)
-                    record = self.file_record(tenant, conversation_id, payload, exploration, batch)
-                    paths.append(record.path)
-                    await tx.put_file(record)
+            new = [prepared[i] for i in range(start, len(incoming.transcript))]
             if new:
-                await tx.append_messages(conversation_id, start, [m for _, m in new])
-                if paths:
-                    # Last, before the commit: a committed row never names a missing file, and a unit that failed
-                    # before this point published nothing (its pending files are discarded by the caller).
-                    await batch.publish(tx, paths)
+                await self._append(tx, incoming.tenant, conversation_id, start, new, explorations, batch)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from
+
+    async def _decide(self, tx: Writes, incoming: Incoming, expected: str | None) -> tuple[Located, Action]:
+        """The conversation the transcript belongs to, and what to do with it, final until the commit."""
+        located = await locate_locked(tx, incoming.tenant, incoming.chains, incoming.key, expected)
+        action = located.action(len(incoming.transcript))
+        if action == "fork" and await replaces_relayed_answer(tx, located, incoming.transcript, incoming.dialect):
+            # The client re-sent the answer the proxy stored when it relayed it, in its own version: the
+            # client's wins, in place (not a fork).
+            assert located.conversation is not None
+            await tx.drop_relayed_answer(located.conversation.id, located.common)
+            located = Located(
+                replace(located.conversation, message_count=located.common), located.common, located.client_key
+            )
+            action = "append"
+        return located, action
+
+    async def _create(self, tx: Writes, incoming: Incoming, located: Located) -> tuple[str, str | None]:
+        """A new conversation, or a fork of ``located``'s: (its id, the conversation it was forked from)."""
+        conversation = located.conversation
+        conversation_id = new_conversation_id()
+        # A fork shares the prefix before the point where it left its parent; with nothing in common
+        # (a key sent with an unrelated transcript) there is no lineage, and none must be recorded:
+        # recall reaches into a parent's prefix.
+        parent = conversation.id if conversation is not None and located.common > 0 else None
+        await tx.create_conversation(
+            conversation_id,
+            incoming.tenant,
+            external_key=incoming.key if conversation is None else None,
+            parent_id=parent,
+            fork_seq=located.common if parent else None,
+            instructions_json=incoming.instructions_json,
+            dialect=incoming.dialect.name,
+        )
+        forked_from = None
+        if conversation is not None and parent is not None:
+            await self._share_prefix(tx, conversation, conversation_id, located.common)
+            forked_from = conversation.id
+        # The client's own key follows its current version of the conversation; an id the proxy issued
+        # keeps naming the conversation it was issued for.
+        if conversation is not None and incoming.key is not None and located.client_key:
+            await tx.move_external_key(incoming.tenant, incoming.key, conversation_id)
+        return conversation_id, forked_from
+
+    @staticmethod
+    async def _share_prefix(tx: Writes, parent: ConversationRecord, fork_id: str, common: int) -> None:
+        await tx.copy_prefix(parent.id, fork_id, common)
+        # The fork shares the parent's summaries of the common prefix (nothing is summarised twice).
+        shared, upto = await covering_prefix(tx, await tx.context_summaries(parent.id), common)
+        if shared:
+            await tx.set_context(fork_id, [s.id for s in shared], upto)
+        await tx.set_stubbed_upto(fork_id, min(parent.stubbed_upto, common))
+
+    async def _append(
+        self,
+        tx: Writes,
+        tenant: str,
+        conversation_id: str,
+        start: int,
+        new: list[tuple[Interception, NewMessage]],
+        explorations: dict[str, str],
+        batch: BlobBatch,
+    ) -> None:
+        paths: list[str] = []
+        for interception, _ in new:
+            for payload in interception.payloads:
+                exploration = explorations.get(payload.file_id)
+                record = self.file_record(tenant, conversation_id, payload, exploration, batch)
+                paths.append(record.path)
+                await tx.put_file(record)
+        await tx.append_messages(conversation_id, start, [m for _, m in new])
+        if paths:
+            # Last, before the commit: a committed row never names a missing file, and a unit that failed
+            # before this point published nothing (its pending files are discarded by the caller).
+            await batch.publish(tx, paths)
 
     def file_record(
         self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: BlobBatch
@@ -462,159 +374,28 @@ class Ingestor:
     async def prepare_message(
         self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch
     ) -> tuple[Interception, NewMessage]:
-        # Interception, patching, counting and hashing are CPU work proportional to the message (a message may
-        # carry thousands of base64 parts): a large message is handled in a worker thread, in two passes around
-        # its explorations, which run here (they read the store and may call the summary model).
-        off_loop = _weight(message) >= OFF_LOOP_CHARS
-        deferred = _DeferredExplorations(interceptor)
-        if off_loop:
-            interception = await asyncio.to_thread(deferred.intercept, message, tool_names)
-        else:
-            interception = deferred.intercept(message, tool_names)
-        summaries = {file_id: await interceptor.explore(payload) for file_id, payload in deferred.wanted.items()}
-
-        def finish() -> NewMessage:
-            deferred.fill(interception, summaries)
-            record = self._message_record(message, chain, interception, batch)
-            if batch.unwritten:
-                batch.write()  # one worker-thread hop per message, however many files it carries
-            return record
-
-        record = await asyncio.to_thread(finish) if off_loop or interception.payloads else finish()
-        return interception, record
-
-    @staticmethod
-    def _message_record(message: Message, chain: str, interception: Interception, batch: BlobBatch) -> NewMessage:
-        for payload in interception.payloads:
-            batch.add(payload.data, payload.file_id)
-        forwarded = apply_patches(message, interception.forward_patches)
-        forwarded_tokens = tokens.count_message(forwarded)
-        compact_tokens = None
-        if interception.compact_patches:
-            compact_tokens = tokens.count_message(apply_patches(forwarded, interception.compact_patches))
-        return NewMessage(
-            role=str(message.get("role")),
-            original_json=orjson.dumps(interception.original).decode(),
-            payload_paths=orjson.dumps(interception.paths).decode() if interception.paths else None,
-            forward_json=orjson.dumps(interception.forward_patches).decode() if interception.forward_patches else None,
-            compact_json=orjson.dumps(interception.compact_patches).decode() if interception.compact_patches else None,
-            text=searchable_text(forwarded, interception),
-            token_count=forwarded_tokens,
-            sent_token_count=tokens.count_message(message) if forwarded is not message else forwarded_tokens,
-            chain_hash=chain,
-            file_ids=tuple(p.file_id for p in interception.payloads),
-            compact_token_count=compact_tokens,
-        )
+        """``proxy.engine.rows.prepare_message``, through the ingestor (where tests observe it)."""
+        return await prepare_message(interceptor, message, chain, tool_names, batch)
 
 
-OFF_LOOP_CHARS = 64 * 1024  # text beyond which hashing and interception run in a worker thread
-OFF_LOOP_VALUES = 512  # a value made of more parts than this counts as that much text without looking further
-
-_T = TypeVar("_T")
-
-
-def _weight(value: Any) -> int:
-    """Characters of text in ``value``, counted up to ``OFF_LOOP_CHARS`` and at a bounded cost: whether
-    handling it is worth a worker thread (values of many parts are, without counting them all)."""
-    total, visited, stack = 0, 0, [value]
-    while stack and total < OFF_LOOP_CHARS:
-        item = stack.pop()
-        visited += 1
-        if visited > OFF_LOOP_VALUES:
-            return OFF_LOOP_CHARS
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return total
+async def _chains(tenant: str, transcript: Messages, dialect: Dialect) -> list[str]:
+    # Hashing canonical forms is CPU work proportional to the request: a large one goes to a worker thread,
+    # so that the event loop keeps serving other requests meanwhile.
+    if weight(transcript) >= OFF_LOOP_CHARS:
+        return await asyncio.to_thread(chain_hashes, tenant, transcript, dialect.name)
+    return chain_hashes(tenant, transcript, dialect.name)
 
 
-def _run_now(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine that never suspends, in the calling thread (no event loop needed)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        result: _T = done.value
-        return result
-    coroutine.close()
-    raise RuntimeError("interception awaited something: it cannot run outside the event loop")
-
-
-class _DeferredExplorations:
-    """Interception with its explorations left for later, so that it can run in a worker thread.
-
-    Each stub gets a marker where its exploration summary goes (unguessable: it carries a per-message nonce),
-    ``wanted`` lists the payloads to explore, and ``fill`` puts the summaries in place. The result is the
-    interception the interceptor's own explorer would have produced."""
-
-    def __init__(self, interceptor: Interceptor) -> None:
-        self.interceptor = interceptor
-        self.wanted: dict[str, Payload] = {}
-        self._prefix = ""  # made on the first payload: most messages have none, and every request prepares many
-
-    async def _mark(self, payload: Payload) -> str:
-        if not self._prefix:
-            self._prefix = f"\x00lcm-exploration:{secrets.token_hex(16)}:"
-        self.wanted.setdefault(payload.file_id, payload)
-        return f"{self._prefix}{payload.file_id}\x00"
-
-    def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
-        original = self.interceptor
-        marking = Interceptor(original.tenant, original.large, original.tool, self._mark)
-        return _run_now(marking.intercept(message, tool_names))
-
-    def fill(self, interception: Interception, summaries: dict[str, str]) -> None:
-        if not self.wanted:
-            return
-        marker = re.compile(re.escape(self._prefix) + "(file_[0-9a-f]+)\x00")
-
-        def summary(match: re.Match[str]) -> str:
-            return summaries[match.group(1)].strip()  # as stub_text would have placed it
-
-        for patches in (interception.forward_patches, interception.compact_patches):
-            patches[:] = [(path, marker.sub(summary, value)) for path, value in patches]
-
-
-def searchable_text(message: Message, interception: Interception) -> str:
-    parts: list[str] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            if isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part.get("refusal"), str):
-                parts.append(part["refusal"])
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        fn = fn if isinstance(fn, dict) else {}
-        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
-    for payload in interception.payloads:
-        if payload.kind == "base64":
-            parts.append(f"[{payload.mime}: {payload.name} | {payload.file_id}]")
-    return "\n".join(parts)
-
-
-async def export_conversation(store: Store, files: Blobs, tenant: str | None, conversation_id: str) -> Messages:
-    """The transcript exactly as the client last sent it: instructions + restored messages."""
-    q = store.read
-    conversation = await q.conversation(tenant, conversation_id)
-    if conversation is None:
-        raise NotFound(f"no conversation {conversation_id}")
-    out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
-    for start in range(0, conversation.message_count, LONG_RANGE):  # a page at a time, off the event loop
-        for record in await store.search.messages(conversation_id, start, start + LONG_RANGE):
-            original = orjson.loads(record.original_json)
-            if record.payload_paths:
-                contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
-                original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
-            out.append(original)
-    return out
+def _plain_retry(guess: Located, incoming: Incoming) -> bool:
+    """Whether the request re-sends what is stored, recently touched, with nothing to update."""
+    conversation, action = guess.conversation, guess.action(len(incoming.transcript))
+    return (
+        conversation is not None
+        and action in ("same", "earlier")
+        and (action == "earlier" or conversation.instructions_json == incoming.instructions_json)
+        and (incoming.model is None or conversation.last_model == incoming.model)
+        and time.time() - conversation.updated_at < TOUCH_INTERVAL
+    )
 
 
 __all__ = ["IngestResult", "Ingestor", "Thresholds", "export_conversation", "file_id_for", "locate"]

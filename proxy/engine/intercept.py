@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import tokens
+from proxy.dialects import CHAT, Dialect
+from proxy.dialects.base import Path
 from proxy.engine.neutralise import neutralise
 from proxy.types import Message
 
-Path = list[str | int]
 SEGMENTS_KEY = "$lcm_segments"
 MIN_BASE64_CHARS = 1024
 
@@ -169,8 +170,11 @@ def _attributes(tag: str) -> dict[str, str]:
 
 
 class Interceptor:
-    def __init__(self, tenant: str, large_threshold: int, tool_threshold: int, explore: Explorer) -> None:
+    def __init__(
+        self, tenant: str, large_threshold: int, tool_threshold: int, explore: Explorer, dialect: Dialect = CHAT
+    ) -> None:
         self.tenant = tenant
+        self.dialect = dialect
         self.large = large_threshold
         self.tool = tool_threshold
         self.explore = explore
@@ -180,28 +184,15 @@ class Interceptor:
 
     async def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
         result = Interception(original=message, paths=[], forward_patches=[], compact_patches=[])
-        role = message.get("role")
-        content = message.get("content")
-        if role == "tool":
-            await self._tool_result(message, tool_names.get(str(message.get("tool_call_id"))), result)
-        elif isinstance(content, str):
-            await self._text(content, ["content"], result)
-        elif isinstance(content, list):
-            for i, part in enumerate(content):
-                if not isinstance(part, dict):
-                    continue
-                kind = part.get("type")
-                if kind == "text" and isinstance(part.get("text"), str):
-                    await self._text(part["text"], ["content", i, "text"], result)
-                elif kind == "image_url" and isinstance(part.get("image_url"), dict):
-                    self._base64(part["image_url"].get("url"), ["content", i, "image_url", "url"], "image", result)
-                elif kind == "file" and isinstance(part.get("file"), dict):
-                    name = str(part["file"].get("filename") or "file")
-                    self._base64(part["file"].get("file_data"), ["content", i, "file", "file_data"], name, result)
-                elif kind == "input_audio" and isinstance(part.get("input_audio"), dict):
-                    fmt = str(part["input_audio"].get("format") or "wav")
-                    path: Path = ["content", i, "input_audio", "data"]
-                    self._base64(part["input_audio"].get("data"), path, f"audio.{fmt}", result, f"audio/{fmt}")
+        # Where a message keeps its text, tool output and encoded bytes is the dialect's to say.
+        for site in self.dialect.payload_sites(message):
+            value = _get(message, site.path)
+            if site.kind == "text":
+                await self._text(value, site.path, result)
+            elif site.kind == "tool_result":
+                await self._tool_result(value, site.path, site.replace or site.path, tool_names.get(site.name), result)
+            else:
+                self._base64(value, site.path, site.name, result, site.mime)
         if result.paths:
             original = copy.deepcopy(message)
             for path, segments in zip(result.paths, result.segments, strict=True):
@@ -251,27 +242,16 @@ class Interceptor:
         self._record(result, path, segments, payloads)
         result.forward_patches.append((path, "".join(forward)))
 
-    async def _tool_result(self, message: Message, tool_name: str | None, result: Interception) -> None:
-        content = message.get("content")
-        path: Path
-        if isinstance(content, str):
-            text, path = content, ["content"]
-        elif (
-            isinstance(content, list)
-            and len(content) == 1
-            and isinstance(content[0], dict)
-            and isinstance(content[0].get("text"), str)
-        ):
-            text, path = content[0]["text"], ["content", 0, "text"]
-        else:
-            return  # multi-part tool results are rare; they stay inline
+    async def _tool_result(
+        self, text: str, path: Path, replace: Path, tool_name: str | None, result: Interception
+    ) -> None:
         if not tokens.at_least(text, self.tool):
             return
         payload = self._payload(text.encode(), f"{tool_name or 'tool'}-output.txt", "text/plain", "tool_output", text)
         self._record(result, path, [{"ref": payload.file_id}], [payload])
         stub = stub_text(payload, await self.explore(payload), tool_name)
-        # The stub replaces the whole content: a list of parts becomes one string.
-        patch: tuple[Path, str] = (["content"], stub)
+        # The stub replaces the whole output (``replace``): a list of parts becomes one string.
+        patch: tuple[Path, str] = (replace, stub)
         if tokens.at_least(text, self.large):
             result.forward_patches.append(patch)
         else:

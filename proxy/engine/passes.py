@@ -16,6 +16,7 @@ import orjson
 
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
+from proxy.dialects import Dialect, by_name
 from proxy.engine.budget import Sizes
 from proxy.engine.explore import redact_secrets
 from proxy.engine.facts import (
@@ -29,7 +30,7 @@ from proxy.engine.facts import (
 )
 from proxy.engine.neutralise import defang_markers
 from proxy.engine.plan import Plan, view_message
-from proxy.engine.render import content_text, render_message, strip_reasoning, timestamp
+from proxy.engine.render import render_message, strip_reasoning, timestamp
 from proxy.engine.summarize import (
     FALLBACK_MARKER,
     Guard,
@@ -64,15 +65,17 @@ class SummaryWriter:
         start = plan.summarized_upto
         if start >= tail:
             return None
-        conversation_id = plan.conversation.id
-        end, total = await self._chunk_end(conversation_id, start, tail, sizes.chunk_for(excess), plan.stubbed_upto)
+        conversation_id, dialect = plan.conversation.id, by_name(plan.conversation.dialect)
+        chunk_limit = sizes.chunk_for(excess)
+        end, total = await self._chunk_end(conversation_id, start, tail, chunk_limit, plan.stubbed_upto, dialect)
         if end == start or (not thorough and total < min(sizes.leaf_target, sizes.leaf_chunk // 2)):
             return None
         # Only the chunk's rows are read whole (a stubbed row still holds its original), off the event loop.
         chunk = await self.store.search.messages(conversation_id, start, end)
         # Rendering, redaction and fact extraction cost what the chunk's text costs (a leaf chunk's worth of
         # tokens: seconds for a large one): in a worker thread, so the event loop goes on serving meanwhile.
-        source, pairs, file_ids, facts = await asyncio.to_thread(leaf_material, chunk, sizes.leaf_target * 2 // 3)
+        fact_room = sizes.leaf_target * 2 // 3
+        source, pairs, file_ids, facts = await asyncio.to_thread(leaf_material, chunk, fact_room, dialect)
         source_tokens = await asyncio.to_thread(tokens.count_text, source)
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
         context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
@@ -113,23 +116,23 @@ class SummaryWriter:
         return record
 
     async def _chunk_end(
-        self, conversation_id: str, start: int, tail: int, limit: int, stubbed_upto: int
+        self, conversation_id: str, start: int, tail: int, limit: int, stubbed_upto: int, dialect: Dialect
     ) -> tuple[int, int]:
         """(end, tokens) of the next leaf chunk ``[start, end)``: the oldest messages before ``tail`` up to
         ``limit`` tokens (as assembled: compact forms where stubbed), a tool call's results always with it.
         Read a page of roles and costs at a time, so a long history costs what the chunk costs, not what
         the history does."""
         q = self.store.read
-        end, total, page = start, 0, LEAF_PAGE
+        end, total, page, previous = start, 0, LEAF_PAGE, ""
         while end < tail:
             stop = min(tail, end + page)
             roles = await q.roles(conversation_id, end, stop)
             costs = await q.raw_token_counts(conversation_id, end, stop, stubbed_upto)
             for role, cost in zip(roles, costs, strict=True):
                 # Tool results always join their call's chunk: a cut between them would orphan one side.
-                if end > start and total + cost > limit and role not in ("tool", "function"):
+                if end > start and total + cost > limit and not dialect.continues(previous, role):
                     return end, total
-                end, total = end + 1, total + cost
+                end, total, previous = end + 1, total + cost, role
             if end < stop:
                 break  # fewer messages than the range names (none are missing in a sound store)
             page = min(page * 2, LONG_RANGE)
@@ -257,7 +260,7 @@ class SummaryWriter:
 
 
 def leaf_material(
-    chunk: Sequence[MessageRecord], fact_room: int
+    chunk: Sequence[MessageRecord], fact_room: int, dialect: Dialect
 ) -> tuple[str, list[tuple[str, str]], list[str], list[Fact]]:
     """(the rendered chunk, its (role, redacted text) pairs, the files it refers to, its facts within
     ``fact_room`` tokens): what a leaf summary is written from. Pure, for a worker thread."""
@@ -266,8 +269,8 @@ def leaf_material(
     file_ids: list[str] = []
     for row in chunk:
         message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
-        rendered.append(render_message(message, row.created_at))
-        pairs.append((row.role, redact_secrets(strip_reasoning(content_text(message.get("content"))))))
+        rendered.append(render_message(message, row.created_at, dialect=dialect))
+        pairs.append((row.role, redact_secrets(strip_reasoning(dialect.text(message)))))
         file_ids += [r for r in refs if r not in file_ids]
     return "\n\n".join(rendered), pairs, file_ids, select_facts(extract_facts(pairs), fact_room)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from proxy.dialects import Dialect
 from proxy.engine.budget import Sizes
 from proxy.engine.render import summary_tokens
 from proxy.store.records import SummaryRecord
@@ -37,10 +38,11 @@ class View:
     roles: list[str]
     costs: list[int]
     required: int  # first seq that must be forwarded raw (``assemble.required_start``)
+    dialect: Dialect  # the wire format of the request, in which the summaries are rendered
 
     @property
     def tokens(self) -> int:
-        return summary_tokens(self.summaries) + sum(self.costs)
+        return summary_tokens(self.summaries, self.dialect) + sum(self.costs)
 
 
 @dataclass(frozen=True)

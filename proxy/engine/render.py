@@ -11,9 +11,8 @@ import html
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from proxy import tokens
+from proxy.dialects import CHAT, Dialect
 from proxy.engine.explore import redact_secrets
 from proxy.engine.neutralise import defang_markers, neutralise_cached
 from proxy.store.records import SummaryRecord
@@ -34,51 +33,23 @@ def timestamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    pieces: list[str] = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        kind = part.get("type")
-        if isinstance(part.get("text"), str):
-            pieces.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            pieces.append(f"(refused) {part['refusal']}")
-        elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
-            pieces.append("[image]" if url.startswith("data:") else f"[image: {url[:200]}]")
-        elif kind == "file":
-            pieces.append(f"[file: {(part.get('file') or {}).get('filename', 'attachment')}]")
-        elif kind == "input_audio":
-            pieces.append("[audio]")
-    return "\n".join(pieces)
-
-
-def render_message(message: Message, created_at: float, file_refs: dict[str, str] | None = None) -> str:
+def render_message(
+    message: Message, created_at: float, file_refs: dict[str, str] | None = None, dialect: Dialect = CHAT
+) -> str:
     """One message as summarizer input (and recall-tool output): ``[time | role]`` header, text, tool calls; no
     reasoning blocks. The message's own words cannot pass for a header or one of the proxy's tags
     (``defang_markers``)."""
-    role = str(message.get("role"))
-    header = role
-    if role == "tool":
-        header = f"tool result ({message.get('name') or message.get('tool_call_id', '')})"
-    lines = [f"[{timestamp(created_at)} | {header}]"]
-    text = strip_reasoning(content_text(message.get("content"))).strip()
+    lines = [f"[{timestamp(created_at)} | {dialect.header(message)}]"]
+    text = strip_reasoning(dialect.text(message)).strip()
     for placeholder, ref in (file_refs or {}).items():
         text = text.replace(placeholder, ref)
     if text:
         lines.append(defang_markers(text))
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        fn = fn if isinstance(fn, dict) else {}
-        arguments = str(fn.get("arguments", ""))
+    for call in dialect.tool_calls(message):
+        arguments = call.arguments
         if len(arguments) > MAX_ARGUMENT_CHARS:
             arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"
-        lines.append(defang_markers(f"-> calls {fn.get('name', '?')}({arguments})"))
+        lines.append(defang_markers(f"-> calls {call.name or '?'}({arguments})"))
     return redact_secrets("\n".join(lines))
 
 
@@ -99,16 +70,20 @@ def summary_block(summary: SummaryRecord) -> str:
     return f"<summary {attributes}>\n{neutralise_cached(summary.content)}\n</summary>"
 
 
-def render_summary(summary: SummaryRecord) -> Message:
-    return {"role": "user", "content": summary_block(summary)}
+def render_summary(summary: SummaryRecord, dialect: Dialect = CHAT) -> Message:
+    return dialect.summary_message(summary_block(summary))
 
 
-def render_summaries(summaries: Sequence[SummaryRecord]) -> Message:
+def summaries_text(summaries: Sequence[SummaryRecord]) -> str:
+    return "\n".join(summary_block(s) for s in summaries)
+
+
+def render_summaries(summaries: Sequence[SummaryRecord], dialect: Dialect = CHAT) -> Message:
     """All summaries as one user message: chat templates that require strict user/assistant alternation
     (Gemma, older Mistral) accept one message where a run of them would be refused."""
-    return {"role": "user", "content": "\n".join(summary_block(s) for s in summaries)}
+    return dialect.summary_message(summaries_text(summaries))
 
 
-def summary_tokens(summaries: Sequence[SummaryRecord]) -> int:
+def summary_tokens(summaries: Sequence[SummaryRecord], dialect: Dialect = CHAT) -> int:
     """What the summaries cost in the assembled context (one message, see ``render_summaries``)."""
-    return tokens.count_message(render_summaries(summaries)) if summaries else 0
+    return dialect.count(render_summaries(summaries, dialect)) if summaries else 0

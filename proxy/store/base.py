@@ -213,6 +213,7 @@ class Writes(Reads, Protocol):
         parent_id: str | None = None,
         fork_seq: int | None = None,
         instructions_json: str | None = None,
+        dialect: str = "chat",
     ) -> None: ...
     async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None: ...
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:

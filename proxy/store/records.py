@@ -23,6 +23,7 @@ class ConversationRecord:
     # Set when the conversation was deleted while live forks still share its prefix: it is kept, invisible to
     # every lookup made for a client, holding only what those forks need (``proxy.engine.deletion``).
     deleted_at: float | None = None
+    dialect: str = "chat"  # the wire format its messages are stored in (``proxy.dialects``)
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,17 @@ migration(
 )
 
 
+migration(
+    "p003_conversation_dialects",
+    """
+    -- The wire format a conversation's messages are stored in (proxy.dialects): how the engine reads them
+    -- when no request is at hand (a background or operator's compaction, recall). Every conversation stored
+    -- before there were other formats is chat.
+    ALTER TABLE lcm.conversations ADD COLUMN dialect text NOT NULL DEFAULT 'chat';
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

@@ -46,12 +46,13 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
         parent_id: str | None = None,
         fork_seq: int | None = None,
         instructions_json: str | None = None,
+        dialect: str = "chat",
     ) -> None:
         now = time.time()
         await self._run(
             "INSERT INTO lcm.conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now),
+            " created_at, updated_at, dialect) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
         )
 
     async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:

@@ -244,3 +244,13 @@ migration(
     CREATE INDEX context_items_summary ON context_items(summary_id);
     """,
 )
+
+migration(
+    "m007_conversation_dialects",
+    """
+    -- The wire format a conversation's messages are stored in (proxy.dialects): how the engine reads them
+    -- when no request is at hand (a background or operator's compaction, recall). Every conversation stored
+    -- before there were other formats is chat.
+    ALTER TABLE conversations ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat';
+    """,
+)

@@ -76,12 +76,13 @@ class WriteTransaction(SQLiteRemoval, Queries):
         parent_id: str | None = None,
         fork_seq: int | None = None,
         instructions_json: str | None = None,
+        dialect: str = "chat",
     ) -> None:
         now = time.time()
         await self.conn.execute(
             "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now),
+            " created_at, updated_at, dialect) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
         )
 
     async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:

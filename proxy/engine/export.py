@@ -1,0 +1,27 @@
+"""Export: a conversation's transcript exactly as the client last sent it (the Lossless invariant)."""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.engine.errors import NotFound
+from proxy.engine.intercept import restore
+from proxy.store.base import LONG_RANGE, Blobs, Store
+from proxy.types import Messages
+
+
+async def export_conversation(store: Store, files: Blobs, tenant: str | None, conversation_id: str) -> Messages:
+    """The transcript exactly as the client last sent it: instructions + restored messages."""
+    q = store.read
+    conversation = await q.conversation(tenant, conversation_id)
+    if conversation is None:
+        raise NotFound(f"no conversation {conversation_id}")
+    out: Messages = list(orjson.loads(conversation.instructions_json)) if conversation.instructions_json else []
+    for start in range(0, conversation.message_count, LONG_RANGE):  # a page at a time, off the event loop
+        for record in await store.search.messages(conversation_id, start, start + LONG_RANGE):
+            original = orjson.loads(record.original_json)
+            if record.payload_paths:
+                contents = {f.id: await files.load(f.path) for f in await q.files_of_message(record.id)}
+                original = restore(original, orjson.loads(record.payload_paths), contents.__getitem__)
+            out.append(original)
+    return out

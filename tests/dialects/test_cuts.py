@@ -1,0 +1,104 @@
+"""The engine's cuts (what leaves the forwarded view, where the fresh tail starts) fall only where the
+dialect allows: never between a tool call and its results, nor between a Responses reasoning item and the
+call or message it produced. Each case is one where cutting at message granularity would split a pair."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from proxy.config.lcm import LcmSettings
+from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect, cut_allowed, split_instructions
+from proxy.engine import budget
+from proxy.engine.assemble import TooLarge, fit, newest_exchange, required_start
+from proxy.engine.compaction import tail_start
+from tests.dialects import transcripts as t
+
+CASES = [(CHAT, t.CHAT), (MESSAGES, t.MESSAGES), (RESPONSES, t.RESPONSES)]
+
+
+def stored(dialect: Dialect, messages: list[dict]) -> tuple[list[str], list[int]]:
+    """(roles, costs) of the transcript as the store keeps them (instructions are not stored)."""
+    _, transcript = split_instructions(dialect, messages)
+    return [dialect.role(m) for m in transcript], [dialect.count(m) for m in transcript]
+
+
+def naive_first(costs: list[int], limit: int) -> int:
+    """Where dropping the oldest messages one at a time would start the forwarded view."""
+    first = 0
+    while sum(costs[first:]) > limit:
+        first += 1
+    return first
+
+
+@pytest.mark.parametrize(("dialect", "messages"), CASES, ids=lambda v: getattr(v, "name", ""))
+def test_eviction_drops_whole_exchanges(dialect: Dialect, messages: list[dict]) -> None:
+    roles, costs = stored(dialect, messages)
+    split_somewhere = False
+    for limit in range(1, sum(costs) + 1):
+        try:
+            assembly = fit(dialect, [], 0, roles, costs, limit)
+        except TooLarge:
+            continue
+        assert cut_allowed(dialect, roles, assembly.first_raw), (limit, assembly.first_raw, roles)
+        assert assembly.tokens == sum(costs[assembly.first_raw :]) <= limit
+        split_somewhere |= not cut_allowed(dialect, roles, naive_first(costs, limit))
+    assert split_somewhere  # the transcript has limits where a per-message cut would split a pair
+
+
+@pytest.mark.parametrize(("dialect", "messages"), CASES, ids=lambda v: getattr(v, "name", ""))
+def test_the_newest_exchange_starts_where_a_cut_may_fall(dialect: Dialect, messages: list[dict]) -> None:
+    roles, costs = stored(dialect, messages)
+    for count in range(1, len(roles) + 1):
+        start = newest_exchange(dialect, roles[:count], 0, count)
+        assert cut_allowed(dialect, roles[:count], start)
+        # The nearest such place: every message after it continues the one before it.
+        assert all(not cut_allowed(dialect, roles[:count], j) for j in range(start + 1, count))
+    # Over a budget too small for the newest user turn, the newest exchange is what must be forwarded.
+    assert cut_allowed(dialect, roles, required_start(dialect, roles, costs, 0, len(roles), 1))
+
+
+def test_a_responses_call_never_leaves_its_reasoning_item_behind() -> None:
+    roles, costs = stored(RESPONSES, t.RESPONSES)
+    # Ending the transcript after the second output: the newest exchange reaches back to the reasoning item.
+    assert roles[1:6] == ["reasoning", "tool_call", "tool_call", "tool", "tool"]
+    assert newest_exchange(RESPONSES, roles[:6], 0, 6) == 1
+    limit = sum(costs[2:])  # room for everything after the reasoning item, not for it
+    assert fit(RESPONSES, [], 0, roles, costs, limit).first_raw not in (2, 3, 4, 5)
+
+
+def test_a_messages_tool_result_never_opens_the_view() -> None:
+    roles, costs = stored(MESSAGES, t.MESSAGES)
+    limit = sum(costs[2:])  # a per-message cut would start at the tool results, orphaning them
+    assert naive_first(costs, limit) == 2
+    assert fit(MESSAGES, [], 0, roles, costs, limit).first_raw == 3
+
+
+@pytest.mark.parametrize(("dialect", "messages"), CASES, ids=lambda v: getattr(v, "name", ""))
+def test_the_fresh_tail_starts_where_a_cut_may_fall(dialect: Dialect, messages: list[dict]) -> None:
+    roles, costs = stored(dialect, messages)
+    base = budget.sizes(LcmSettings(), 100_000)
+    for tail_count in range(1, len(roles) + 1):
+        for tail_tokens in (1, costs[-1], sum(costs) // 2, sum(costs)):
+            sizes = dataclasses.replace(base, tail_count=tail_count, tail_tokens=tail_tokens)
+            start = tail_start(dialect, roles, costs, 0, len(roles), sizes)
+            assert cut_allowed(dialect, roles, start), (tail_count, tail_tokens, start)
+
+
+def test_chat_cuts_where_the_engine_always_cut() -> None:
+    """Before dialects the engine kept ``tool`` and ``function`` messages with the message before them,
+    whatever that was; the chat dialect's cuts are exactly those."""
+    roles = ["user", "assistant", "tool", "function", "user", "assistant", "tool", "assistant", "user", "function"]
+    costs = [5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+    assert [cut_allowed(CHAT, roles, i) for i in range(len(roles))] == [r not in ("tool", "function") for r in roles]
+    for limit in range(1, sum(costs) + 1):
+        first = 0
+        required = 8  # the newest user message; what follows it always fits these limits or nothing does
+        if sum(costs[required:]) > limit:
+            continue
+        while sum(costs[first:]) > limit and first < required:
+            first += 1
+            while first < required and roles[first] in ("tool", "function"):
+                first += 1
+        assert fit(CHAT, [], 0, roles, costs, limit).first_raw == first, limit
