@@ -17,7 +17,6 @@ import orjson
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.engine.budget import Sizes
-from proxy.engine.explore import redact_secrets
 from proxy.engine.facts import (
     Fact,
     extract_facts,
@@ -39,6 +38,7 @@ from proxy.engine.summarize import (
     leaf_prompt,
     summarize,
 )
+from proxy.redaction import redact_secrets
 from proxy.store.base import LONG_RANGE, Store
 from proxy.store.records import MessageRecord, SummaryRecord
 

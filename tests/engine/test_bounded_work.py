@@ -30,7 +30,7 @@ from proxy.cli.doctor import run_doctor
 from proxy.config.lcm import LcmSettings
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import ContextEngine
-from proxy.engine.explore import ExplorationBudget
+from proxy.engine.explore.summary import ExplorationBudget
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.summarize import Guard
 from proxy.store.files import PENDING, FileStore

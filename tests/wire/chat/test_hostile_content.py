@@ -467,7 +467,7 @@ def test_model_written_exploration_summaries_lose_instruction_overrides() -> Non
     # summary model copied from the document must not ride along.
     import asyncio
 
-    from proxy.engine.explore import exploration_summary
+    from proxy.engine.explore.summary import exploration_summary
 
     class Copier:
         async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
@@ -633,7 +633,7 @@ def test_model_summaries_lose_disguised_instruction_overrides(override: str) -> 
 def test_file_stubs_neutralise_their_exploration() -> None:
     """A deterministic exploration quotes the file's own words (excerpts, CSV samples): the stub that
     carries it must not let them close a block, forge a label or give orders."""
-    from proxy.engine.explore import explore_text_fallback
+    from proxy.engine.explore.excerpts import explore_text_fallback
     from proxy.engine.intercept import Payload, stub_text
 
     document = (
