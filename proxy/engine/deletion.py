@@ -3,7 +3,7 @@ tenant's, or those idle too long (``lcm-proxy purge``, ``lcm_settings.retention_
 
 **Forks.** A fork holds its own copy of the messages it shares with its parent, but its context names the
 parent's summaries of that prefix (nothing is summarised twice), those summaries link to the parent's
-messages, and recall reaches into the parent's prefix (``proxy.engine.recall.Scope``). So a conversation that
+messages, and recall reaches into the parent's prefix (``proxy.engine.recall.scope.Scope``). So a conversation that
 live forks (directly or through other forks) still share a prefix with cannot vanish whole. Deleting it
 leaves a *tombstone*: its row, marked ``deleted_at``, keeping only its messages up to the furthest point any
 live fork left it and the summaries live rows reference (with everything they link to). Its key,
