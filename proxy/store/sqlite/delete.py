@@ -61,7 +61,7 @@ def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
 
 
 class SQLiteRemoval:
-    """``remove_conversation`` and ``delete_blobs`` of a write transaction (``sqlite.WriteTransaction``)."""
+    """``remove_conversation`` and ``delete_blobs`` of a write transaction (``sqlite.writes.WriteTransaction``)."""
 
     conn: aiosqlite.Connection
 
