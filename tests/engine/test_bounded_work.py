@@ -38,7 +38,7 @@ from proxy.store.location import Location
 from proxy.store.postgres.writes import PostgresWrites
 from proxy.store.sqlite.store import SQLiteStore
 from proxy.store.sqlite.writes import WriteTransaction
-from proxy.wire.chat.validation import MAX_CONTENT_PARTS
+from proxy.wire.chat.limits import MAX_CONTENT_PARTS
 from proxy.wire.http import PARSE_ON_LOOP_BYTES, parse_json_in_steps
 from tests.conftest import make_config
 from tests.support.engine import ScriptedSummarizer, open_engine, row_count, rows, run, user
