@@ -25,7 +25,7 @@ class WriteTransaction(SQLiteRemoval, Queries):
 
     # This store's writers are serialised (one process: ``SQLiteStore._lock``; several: BEGIN IMMEDIATE), so
     # every transaction already holds every lock.
-    async def lock_identity(self, tenant: str, key: str) -> None:
+    async def lock_identity(self, scope: str, key: str) -> None:
         pass
 
     async def lock_conversation(self, conversation_id: str) -> bool:
@@ -37,7 +37,7 @@ class WriteTransaction(SQLiteRemoval, Queries):
     async def create_conversation(
         self,
         conversation_id: str,
-        tenant: str,
+        scope: str,
         *,
         external_key: str | None = None,
         parent_id: str | None = None,
@@ -48,12 +48,12 @@ class WriteTransaction(SQLiteRemoval, Queries):
         await self.conn.execute(
             "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
             " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now),
+            (conversation_id, scope, external_key, parent_id, fork_seq, instructions_json, now, now),
         )
 
-    async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:
+    async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None:
         await self.conn.execute(
-            "UPDATE conversations SET external_key = NULL WHERE tenant = ? AND external_key = ?", (tenant, key)
+            "UPDATE conversations SET external_key = NULL WHERE tenant = ? AND external_key = ?", (scope, key)
         )
         await self.conn.execute("UPDATE conversations SET external_key = ? WHERE id = ?", (key, to_conversation))
 
