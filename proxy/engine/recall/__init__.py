@@ -7,8 +7,7 @@ how an id is opened within it, ``grep``, ``describe`` and ``expand`` the tools, 
 that runs one call. The names below are the package's front, for the relay, the doors and the admin service.
 """
 
-from proxy.engine.recall.schema import RECALL_TOOL_NAMES, RECALL_TOOLS
-from proxy.engine.recall.scope import Scope
+from proxy.engine.recall.schema import RECALL_TOOLS
 from proxy.engine.recall.tools import RecallTools, clip_to_tokens
 
-__all__ = ["RECALL_TOOLS", "RECALL_TOOL_NAMES", "RecallTools", "Scope", "clip_to_tokens"]
+__all__ = ["RECALL_TOOLS", "RecallTools", "clip_to_tokens"]
