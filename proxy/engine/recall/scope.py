@@ -21,7 +21,8 @@ class Scope:
     """What one conversation may see. ``bounds`` pairs a conversation id with the number of its messages that
     are visible (messages ``[0, n)``): the current conversation first (bounded by the request's own length,
     so a request that re-sends an earlier point sees no more than it sent), then each ancestor, bounded by
-    the point where the line of forks left it. A summary is visible when it covers only visible messages."""
+    the point where the line of forks left it. A summary is visible when it covers only visible messages.
+    ``owner`` is the scope (``proxy.scopes``: a tenant, or an end user within it) the conversations belong to."""
 
     owner: str
     bounds: tuple[tuple[str, int], ...]

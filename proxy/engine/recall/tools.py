@@ -31,7 +31,8 @@ def clip_to_tokens(text: str, cap: int) -> str:
 
 class RecallTools(Lookup):
     async def scope(self, owner: str, conversation_id: str, upto: int | None = None) -> Scope:
-        """The scope of ``conversation_id`` (of the scope ``owner``) as of its first ``upto`` messages."""
+        """What ``conversation_id`` (one of ``owner``'s: a tenant, or an end user within it) may see as of its
+        first ``upto`` messages (all of them by default)."""
         return await resolve_scope(self.store, owner, conversation_id, upto)
 
     async def run(self, scope: Scope, name: str, arguments: str, summarizer: Summarizer | None = None) -> str:
