@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.engine.explore import redact_secrets
+from proxy.redaction import redact_secrets
 from proxy.upstream.client import load_litellm, translate_exception
 from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply

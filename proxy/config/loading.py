@@ -61,18 +61,6 @@ class _Resolver:
         return value
 
 
-def resolve_env_references(value: Any, path: str = "", missing: list[str] | None = None) -> Any:
-    """Resolve every ``os.environ/NAME`` in ``value``. An unset variable is recorded in ``missing`` (its
-    reference left in place), or raises ``ConfigError`` without a list."""
-    resolver = _Resolver({}, None)
-    out = resolver(value, path)
-    if missing is None and resolver.missing:
-        raise ConfigError("<config>", resolver.missing)
-    if missing is not None:
-        missing += resolver.missing
-    return out
-
-
 def _format_location(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:

@@ -168,25 +168,10 @@ def excerpt(text: str, terms: Sequence[Term], budget: int) -> str:
         return ""
     if not tokens.at_least(whole, budget + 1):
         return whole
-    starts, folded = token_positions(text)
     spans = _sentences(text)
-    span_starts = [a for a, _ in spans]
-    seen: dict[int, set[int]] = {}  # sentence -> the terms it holds
-    first_hit: dict[int, int] = {}
-    for position, index in Matcher(terms).hits(folded):
-        char = starts[position]
-        sentence = max(0, bisect.bisect_right(span_starts, char) - 1)
-        seen.setdefault(sentence, set()).add(index)
-        first_hit.setdefault(sentence, char)
-    if not seen:  # the terms were only in what redaction masked
+    score, first_hit = _scored_sentences(text, terms, spans)
+    if not score:  # the terms were only in what redaction masked
         return ""
-    # As across messages: a term found in few of the sentences says more than one found in most of them.
-    frequency = [0] * len(terms)
-    for held in seen.values():
-        for index in held:
-            frequency[index] += 1
-    rarity = [1.0 + math.log((len(spans) + 1) / (f + 1)) for f in frequency]
-    score = {s: sum(terms[i].weight * rarity[i] for i in sorted(held)) for s, held in seen.items()}
     best = max(score.values())
     order = sorted((s for s in score if score[s] >= SENTENCE_FLOOR * best), key=lambda s: (-score[s], s))
     chosen: dict[int, str] = {}
@@ -211,6 +196,34 @@ def excerpt(text: str, terms: Sequence[Term], budget: int) -> str:
         for neighbour in (index - 1, index + 1):
             if 0 <= neighbour < len(spans) and neighbour not in chosen:
                 take(neighbour)
+    return _clip(_stitched(chosen, len(spans)), budget)
+
+
+def _scored_sentences(
+    text: str, terms: Sequence[Term], spans: Sequence[tuple[int, int]]
+) -> tuple[dict[int, float], dict[int, int]]:
+    """The sentences of ``text`` (``spans``) that hold a term: each one's score, and where its first hit is."""
+    starts, folded = token_positions(text)
+    span_starts = [a for a, _ in spans]
+    seen: dict[int, set[int]] = {}  # sentence -> the terms it holds
+    first_hit: dict[int, int] = {}
+    for position, index in Matcher(terms).hits(folded):
+        char = starts[position]
+        sentence = max(0, bisect.bisect_right(span_starts, char) - 1)
+        seen.setdefault(sentence, set()).add(index)
+        first_hit.setdefault(sentence, char)
+    # As across messages: a term found in few of the sentences says more than one found in most of them.
+    frequency = [0] * len(terms)
+    for held in seen.values():
+        for index in held:
+            frequency[index] += 1
+    rarity = [1.0 + math.log((len(spans) + 1) / (f + 1)) for f in frequency]
+    score = {s: sum(terms[i].weight * rarity[i] for i in sorted(held)) for s, held in seen.items()}
+    return score, first_hit
+
+
+def _stitched(chosen: dict[int, str], count: int) -> str:
+    """The chosen sentences (of ``count``) in their order, with "…" wherever sentences were left out."""
     pieces: list[str] = []
     previous = -1
     for index in sorted(chosen):
@@ -218,9 +231,9 @@ def excerpt(text: str, terms: Sequence[Term], budget: int) -> str:
             pieces.append("…")
         pieces.append(chosen[index])
         previous = index
-    if previous != len(spans) - 1:
+    if previous != count - 1:
         pieces.append("…")
-    return _clip(" ".join(pieces), budget)
+    return " ".join(pieces)
 
 
 def _line(candidate: Candidate, terms: Sequence[Term], budget: int) -> str | None:

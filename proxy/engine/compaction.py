@@ -122,12 +122,6 @@ class Compactor:
             return summaries, upto
         return await covering_prefix(q, summaries, count)
 
-    async def context_tokens(self, conversation: ConversationRecord, count: int) -> int:
-        """Tokens of the assembled messages (instructions excluded) for the first ``count`` messages."""
-        summaries, upto = await self.view(conversation, count)
-        dialect = by_name(conversation.dialect)
-        return await self._tokens(conversation.id, summaries, upto, conversation.stubbed_upto, count, dialect)
-
     async def _tokens(
         self,
         conversation_id: str,

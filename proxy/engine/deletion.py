@@ -3,7 +3,7 @@ tenant's, or those idle too long (``lcm-proxy purge``, ``lcm_settings.retention_
 
 **Forks.** A fork holds its own copy of the messages it shares with its parent, but its context names the
 parent's summaries of that prefix (nothing is summarised twice), those summaries link to the parent's
-messages, and recall reaches into the parent's prefix (``proxy.engine.recall.Scope``). So a conversation that
+messages, and recall reaches into the parent's prefix (``proxy.engine.recall.scope.Scope``). So a conversation that
 live forks (directly or through other forks) still share a prefix with cannot vanish whole. Deleting it
 leaves a *tombstone*: its row, marked ``deleted_at``, keeping only its messages up to the furthest point any
 live fork left it and the summaries live rows reference (with everything they link to). Its key,
@@ -59,7 +59,7 @@ class Deleted:
     that nothing live needed any more)."""
 
     id: str
-    tenant: str
+    tenant: str  # the conversation's scope, as its record names it (``ConversationRecord.tenant``)
     messages: int
     summaries: int
     files: int
@@ -204,7 +204,7 @@ class Deleter:
 
     async def delete(
         self,
-        tenant: str | None,
+        scope: str | None,
         conversation_id: str,
         *,
         via: str,
@@ -212,21 +212,21 @@ class Deleter:
         full: bool = False,
         idle_before: float | None = None,
     ) -> Deleted:
-        """Delete one conversation of ``tenant`` (None: the operator's, any tenant) by its id, then scrub the
+        """Delete one conversation of ``scope`` (None: the operator's, any scope) by its id, then scrub the
         store (``full``: rewriting its tables) unless ``scrub`` is False: with a ``Scrubber``, in the background
         (the result says ``scrub="pending"`` and its ticket), else before it returns. An unknown id, a conversation of
-        another tenant and one deleted already are all ``NotFound``. Shielded: a caller that goes away (a
+        another scope and one deleted already are all ``NotFound``. Shielded: a caller that goes away (a
         client hanging up) does not leave the payloads or the scrub of a committed deletion undone.
         ``idle_before`` (a purge): only if its last activity, read under its lock, is still before that time (a
         client may have continued it since the purge listed it); else ``NotFound`` too."""
-        return await asyncio.shield(self._delete(tenant, conversation_id, via, scrub, full, idle_before))
+        return await asyncio.shield(self._delete(scope, conversation_id, via, scrub, full, idle_before))
 
     async def _delete(
-        self, tenant: str | None, conversation_id: str, via: str, scrub: bool, full: bool, idle_before: float | None
+        self, scope: str | None, conversation_id: str, via: str, scrub: bool, full: bool, idle_before: float | None
     ) -> Deleted:
         async with self.store.write() as tx:
             await tx.lock_conversation(conversation_id)
-            record = await tx.conversation(tenant, conversation_id)
+            record = await tx.conversation(scope, conversation_id)
             if record is None:
                 raise NotFound(f"no conversation {conversation_id}")
             if idle_before is not None and record.updated_at >= idle_before:
@@ -251,7 +251,7 @@ class Deleter:
         if not scrub:
             return dataclasses.replace(deleted, scrub="skipped")
         if self.scrubber is not None and not full:
-            return dataclasses.replace(deleted, scrub="pending", ticket=self.scrubber.request(tenant or ""))
+            return dataclasses.replace(deleted, scrub="pending", ticket=self.scrubber.request(scope or ""))
         await self.scrub(full=full)
         return deleted
 
@@ -281,14 +281,14 @@ class Deleter:
         """Scrub now, to the end (``scrub_store``)."""
         await scrub_store(self.store, full=full)
 
-    async def candidates(self, tenant: str | None, before: float | None, limit: int) -> list[ConversationRecord]:
-        """What a purge would delete (at most ``limit``): conversations of ``tenant`` (None: all) last active
+    async def candidates(self, scope: str | None, before: float | None, limit: int) -> list[ConversationRecord]:
+        """What a purge would delete (at most ``limit``): conversations of ``scope`` (None: all) last active
         before ``before`` (None: whenever), oldest first."""
-        return await self.store.search.idle_conversations(before, tenant, limit)
+        return await self.store.search.idle_conversations(before, scope, limit)
 
     async def purge(
         self,
-        tenant: str | None,
+        scope: str | None,
         before: float | None,
         *,
         via: str,
@@ -297,12 +297,12 @@ class Deleter:
     ) -> list[Deleted]:
         """Delete every conversation ``candidates`` names (the fork rule applies to each), one transaction
         each, then scrub once. ``stop``: asked between deletions, True ends the purge early."""
-        if tenant is None and before is None:
+        if scope is None and before is None:
             raise ValueError("a purge names a tenant or a cutoff")
         done: list[Deleted] = []
         tried: set[str] = set()
         while stop is None or not stop():
-            batch = [c for c in await self.candidates(tenant, before, PURGE_BATCH) if c.id not in tried]
+            batch = [c for c in await self.candidates(scope, before, PURGE_BATCH) if c.id not in tried]
             if not batch:
                 break
             for record in batch:

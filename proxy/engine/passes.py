@@ -18,7 +18,6 @@ from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import Dialect, by_name
 from proxy.engine.budget import Sizes
-from proxy.engine.explore import redact_secrets
 from proxy.engine.facts import (
     Fact,
     extract_facts,
@@ -40,6 +39,7 @@ from proxy.engine.summarize import (
     leaf_prompt,
     summarize,
 )
+from proxy.redaction import redact_secrets
 from proxy.store.base import LONG_RANGE, Store
 from proxy.store.records import MessageRecord, SummaryRecord
 
@@ -231,29 +231,7 @@ class SummaryWriter:
             kind="condensed",
             fallback=lambda: render_facts(facts) or fallback_from(proses, fallback_room(sizes)),
         )
-        file_ids: list[str] = []
-        for child in children:
-            for file_id in orjson.loads(child.file_ids) if child.file_ids else []:
-                if file_id not in file_ids:
-                    file_ids.append(file_id)
-        record = SummaryRecord(
-            id=new_summary_id(),
-            conversation_id=plan.conversation.id,
-            kind="condensed",
-            depth=depth,
-            start_seq=children[0].start_seq,
-            end_seq=children[-1].end_seq,
-            content=text.content,
-            token_count=tokens.count_text(text.content),
-            source_token_count=sum(c.token_count for c in children),
-            earliest_at=children[0].earliest_at,
-            latest_at=children[-1].latest_at,
-            descendant_count=sum(c.descendant_count + 1 for c in children),
-            file_ids=orjson.dumps(file_ids).decode() if file_ids else None,
-            summarizer_model=text.model,
-            escalation=text.escalation,
-            created_at=time.time(),
-        )
+        record = condensed_record(plan.conversation.id, children, depth, text)
         plan.pending.append((record, [], [c.id for c in children]))
         plan.summaries[first : first + len(children)] = [record]
         return record
@@ -273,6 +251,35 @@ def leaf_material(
         pairs.append((row.role, redact_secrets(strip_reasoning(dialect.text(message)))))
         file_ids += [r for r in refs if r not in file_ids]
     return "\n\n".join(rendered), pairs, file_ids, select_facts(extract_facts(pairs), fact_room)
+
+
+def condensed_record(
+    conversation_id: str, children: Sequence[SummaryRecord], depth: int, text: SummaryText
+) -> SummaryRecord:
+    """The condensed summary of ``children`` written as ``text``: their span, times, descendants and files."""
+    file_ids: list[str] = []
+    for child in children:
+        for file_id in orjson.loads(child.file_ids) if child.file_ids else []:
+            if file_id not in file_ids:
+                file_ids.append(file_id)
+    return SummaryRecord(
+        id=new_summary_id(),
+        conversation_id=conversation_id,
+        kind="condensed",
+        depth=depth,
+        start_seq=children[0].start_seq,
+        end_seq=children[-1].end_seq,
+        content=text.content,
+        token_count=tokens.count_text(text.content),
+        source_token_count=sum(c.token_count for c in children),
+        earliest_at=children[0].earliest_at,
+        latest_at=children[-1].latest_at,
+        descendant_count=sum(c.descendant_count + 1 for c in children),
+        file_ids=orjson.dumps(file_ids).decode() if file_ids else None,
+        summarizer_model=text.model,
+        escalation=text.escalation,
+        created_at=time.time(),
+    )
 
 
 def fallback_room(sizes: Sizes) -> int:

@@ -156,6 +156,45 @@ def clip_lines(text: str, cap: int) -> str:
     return "\n".join(kept).strip()
 
 
+async def _ask(
+    summarizer: Summarizer,
+    guard: Guard,
+    system: str,
+    user: str,
+    max_tokens: int,
+    level: int,
+    timeout: float,
+    what: str,
+    sizes: str,
+) -> str | None:
+    """One call of the summary model at escalation ``level``; None when it failed (logged, with ``what`` it
+    was for and its ``sizes``). A preempted call and a model refusing its credentials raise."""
+    try:
+        return await asyncio.wait_for(
+            summarizer.complete(system=system, user=user, max_tokens=max_tokens, temperature=0.2 if level else 0),
+            timeout,
+        )
+    except SummaryPreempted:
+        log.info("%s gave way to a chat request (%s)", what, sizes)
+        raise
+    except UpstreamError as error:
+        if error.status in AUTH_STATUSES:
+            guard.trip(summarizer.model)
+            log.warning(
+                "%s: HTTP %s, the summary model refuses its credentials; none for %.0f s (%s)",
+                what, error.status, BREAKER_SECONDS, sizes,
+            )  # fmt: skip
+            raise SummarizerUnavailable(error.message) from error
+        log.warning("%s failed: HTTP %s %s (%s)", what, error.status, error, sizes)
+        return None  # 429/5xx/400: retrying now would only add latency
+    except TimeoutError:
+        log.warning("%s timed out after %.0f s (%s)", what, timeout, sizes)
+        return None
+    except Exception as error:  # a summarizer bug or an unmapped transport error must not block compaction
+        log.warning("%s failed: %s (%s)", what, type(error).__name__, sizes)
+        return None
+
+
 async def summarize(
     summarizer: Summarizer | None,
     guard: Guard,
@@ -182,32 +221,12 @@ async def summarize(
             return None  # over the per-conversation call budget: degrade, do not hammer the provider
         max_tokens = max(48, target_tokens)
         sizes = f"source {source_tokens} tokens, max_tokens {max_tokens}, model {summarizer.model}"
-        try:
-            answer = await asyncio.wait_for(
-                summarizer.complete(
-                    system=system, user=f"{source}\n\n{task}", max_tokens=max_tokens, temperature=0.2 if level else 0
-                ),
-                timeout,
-            )
-        except SummaryPreempted:
-            log.info("%s summary of %s gave way to a chat request (%s)", kind, conversation_id, sizes)
-            raise
-        except UpstreamError as error:
-            if error.status in AUTH_STATUSES:
-                guard.trip(summarizer.model)
-                log.warning(
-                    "%s summary of %s: HTTP %s, the summary model refuses its credentials; none for %.0f s (%s)",
-                    kind, conversation_id, error.status, BREAKER_SECONDS, sizes,
-                )  # fmt: skip
-                raise SummarizerUnavailable(error.message) from error
-            log.warning("%s summary of %s failed: HTTP %s %s (%s)", kind, conversation_id, error.status, error, sizes)
-            return None  # 429/5xx/400: retrying now would only add latency
-        except TimeoutError:
-            log.warning("%s summary of %s timed out after %.0f s (%s)", kind, conversation_id, timeout, sizes)
-            return None
-        except Exception as error:  # a summarizer bug or an unmapped transport error must not block compaction
-            log.warning("%s summary of %s failed: %s (%s)", kind, conversation_id, type(error).__name__, sizes)
-            return None
+        user = f"{source}\n\n{task}"
+        answer = await _ask(
+            summarizer, guard, system, user, max_tokens, level, timeout, f"{kind} summary of {conversation_id}", sizes
+        )
+        if answer is None:
+            return None  # logged: 429/5xx/400 (retrying now would only add latency), a timeout, a bug
         content = remove_instruction_overrides(clean_generation(strip_reasoning(answer or "")))
         # An answer longer than asked for (a model that ignores max_tokens, or echoes its input) keeps its first
         # lines within the cap; one that is not smaller than its source is no summary at all.

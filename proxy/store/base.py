@@ -47,23 +47,24 @@ class Phrase:
 
 
 class Reads(Protocol):
-    """Reads, on the request path or inside a write transaction. ``tenant=None`` is for the operator's CLI
-    only, which sees every tenant."""
+    """Reads, on the request path or inside a write transaction. ``scope=None`` is for the operator's CLI
+    only, which sees every scope. A scope is a tenant, or an end user within it (``proxy.scopes``); the
+    records keep it in their ``tenant`` field (and the tables in their ``tenant`` column)."""
 
     async def conversation(
-        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+        self, scope: str | None, conversation_id: str, *, deleted: bool = False
     ) -> ConversationRecord | None:
         """``deleted=True``: also a deleted conversation kept for its forks."""
         ...
 
-    async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None: ...
+    async def conversation_by_key(self, scope: str, key: str) -> ConversationRecord | None: ...
     async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
         """At most two conversations of any tenant whose clients named ``key``: enough to tell unique from
         ambiguous."""
         ...
 
     async def conversations(
-        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+        self, scope: str | None = None, limit: int = 1000, *, deleted: bool = False
     ) -> list[ConversationRecord]:
         """Newest activity first; ``deleted=True``: with the deleted conversations kept for their forks."""
         ...
@@ -71,7 +72,7 @@ class Reads(Protocol):
     async def chain_exists(self, chain_hash: str) -> bool: ...
     async def chain_in_conversation(self, conversation_id: str, seq: int, chain_hash: str) -> bool: ...
     async def chain_in_any(self, conversation_ids: Sequence[str], chain_hash: str) -> bool: ...
-    async def descendants(self, tenant: str, conversation_id: str, limit: int = 1000) -> list[str]:
+    async def descendants(self, scope: str, conversation_id: str, limit: int = 1000) -> list[str]:
         """Ids of the (not deleted) conversations forked from ``conversation_id``, directly or through other
         forks."""
         ...
@@ -81,7 +82,7 @@ class Reads(Protocol):
         included: what the deletion's fork rule looks at."""
         ...
 
-    async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]: ...
+    async def conversations_with_chain(self, scope: str, chain_hash: str) -> list[ConversationRecord]: ...
     async def messages(self, conversation_id: str, start: int = 0, end: int | None = None) -> list[MessageRecord]: ...
     async def messages_by_id(self, message_ids: Sequence[int]) -> list[MessageRecord]: ...
     async def source_messages(self, summary_id: str) -> list[MessageRecord]: ...
@@ -104,8 +105,8 @@ class Reads(Protocol):
         """(seq, forward patches, compact patches) of messages in [start, end) that have any."""
         ...
 
-    async def file(self, tenant: str, file_id: str) -> FileRecord | None: ...
-    async def file_owner(self, tenant: str | None, file_id: str) -> tuple[str, str] | None: ...
+    async def file(self, scope: str, file_id: str) -> FileRecord | None: ...
+    async def file_owner(self, scope: str | None, file_id: str) -> tuple[str, str] | None: ...
     async def files_of_message(self, message_id: int) -> list[FileRecord]: ...
     async def last_sent(self, conversation_id: str) -> str | None: ...
     async def compaction_lease(self, conversation_id: str) -> tuple[str, float] | None:
@@ -148,8 +149,8 @@ class Searches(Reads, Protocol):
         """Summaries within ``bounds``, newest first."""
         ...
 
-    async def visible_file_ids(self, tenant: str, bounds: Bounds) -> list[str]:
-        """Files of ``tenant`` attached to a message within ``bounds``."""
+    async def visible_file_ids(self, scope: str, bounds: Bounds) -> list[str]:
+        """Files of ``scope`` attached to a message within ``bounds``."""
         ...
 
     async def file_visible(self, file_id: str, bounds: Bounds) -> bool: ...
@@ -173,10 +174,10 @@ class Searches(Reads, Protocol):
         ...
 
     async def idle_conversations(
-        self, before: float | None, tenant: str | None, limit: int
+        self, before: float | None, scope: str | None, limit: int
     ) -> list[ConversationRecord]:
-        """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``tenant`` and its
-        end users' scopes (``proxy.scopes.end_users_of``; None: every tenant), oldest first: what a purge
+        """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``scope`` and, for a
+        tenant, its end users' scopes (``proxy.scopes.end_users_of``; None: every scope), oldest first: what a purge
         deletes."""
         ...
 
@@ -193,7 +194,7 @@ def reads_for(store: Store, rows: int) -> Reads:
 class Writes(Reads, Protocol):
     """One write transaction: committed when its ``with`` block ends, rolled back if it raises."""
 
-    async def lock_identity(self, tenant: str, key: str) -> None:
+    async def lock_identity(self, scope: str, key: str) -> None:
         """Hold the lock that serialises the identity decision for ``key`` (a client's conversation key, or
         the chain hash of a transcript's first message) until this transaction ends."""
         ...
@@ -207,7 +208,7 @@ class Writes(Reads, Protocol):
     async def create_conversation(
         self,
         conversation_id: str,
-        tenant: str,
+        scope: str,
         *,
         external_key: str | None = None,
         parent_id: str | None = None,
@@ -215,7 +216,7 @@ class Writes(Reads, Protocol):
         instructions_json: str | None = None,
         dialect: str = "chat",
     ) -> None: ...
-    async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None: ...
+    async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None: ...
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:
         """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
         ...
@@ -311,7 +312,7 @@ class BlobBatch(Protocol):
 
 
 class Blobs(Protocol):
-    def batch(self, tenant: str) -> BlobBatch: ...
+    def batch(self, scope: str) -> BlobBatch: ...
     async def load(self, path: str) -> bytes:
         """The content stored at ``path`` (a ``files`` row's path). Raises ``UnsafePathError`` or ``OSError``
         when it cannot be read."""

@@ -30,14 +30,15 @@ from proxy.cli.doctor import run_doctor
 from proxy.config.lcm import LcmSettings
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import ContextEngine
-from proxy.engine.explore import ExplorationBudget
+from proxy.engine.explore.summary import ExplorationBudget
 from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.summarize import Guard
 from proxy.store.files import PENDING, FileStore
 from proxy.store.location import Location
 from proxy.store.postgres.writes import PostgresWrites
-from proxy.store.sqlite.store import SQLiteStore, WriteTransaction
-from proxy.wire.chat.validation import MAX_CONTENT_PARTS
+from proxy.store.sqlite.store import SQLiteStore
+from proxy.store.sqlite.writes import WriteTransaction
+from proxy.wire.chat.limits import MAX_CONTENT_PARTS
 from proxy.wire.http import PARSE_ON_LOOP_BYTES, parse_json_in_steps
 from tests.conftest import make_config
 from tests.support.engine import ScriptedSummarizer, open_engine, row_count, rows, run, user

@@ -27,7 +27,7 @@ from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.errors import NotFound
 from proxy.engine.ingest import export_conversation
-from proxy.engine.recall import RecallTools
+from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
 from proxy.store.sqlite.store import SQLiteStore
 from tests.support import REPO

@@ -11,15 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.engine import explore
-from proxy.engine.explore import (
-    classify,
-    exploration_summary,
-    explore_code,
-    explore_structured,
-    explore_text_fallback,
-    redact_secrets,
-)
+from proxy.engine.explore import kinds, output, structured
+from proxy.engine.explore.code import explore_code
+from proxy.engine.explore.excerpts import explore_text_fallback
+from proxy.engine.explore.kinds import classify
+from proxy.engine.explore.structured import explore_structured
+from proxy.engine.explore.summary import exploration_summary
+from proxy.redaction import redact_secrets
 
 # Fake credentials, assembled at run time so that secret scanners do not flag this file.
 OPENAI_KEY = "sk-" + "proj-" + "Zq8Xv3Lm9Tr2Wp5Ks7Nd4Hf6"
@@ -187,13 +185,13 @@ BILLION_LAUGHS = """<?xml version="1.0"?>
 
 def test_xml_with_dtd_is_not_parsed_or_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
     parsed: list[str] = []
-    parse = explore.ET.fromstring
+    parse = structured.ET.fromstring
 
     def spy(text: str, *args: Any, **kwargs: Any) -> Any:
         parsed.append(text)
         return parse(text, *args, **kwargs)
 
-    monkeypatch.setattr(explore.ET, "fromstring", spy)
+    monkeypatch.setattr(structured.ET, "fromstring", spy)
     summary = run(exploration_summary("bomb.xml", None, BILLION_LAUGHS, None))
     assert parsed == []  # the document never reached the parser that would expand its entities
     assert summary.startswith("Kind: text (excerpts)\nNote: could not be parsed as XML")
@@ -552,7 +550,7 @@ def test_five_megabyte_inputs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(yaml, "load_all", spy("yaml", yaml.load_all))
     monkeypatch.setattr(ast, "parse", spy("ast", ast.parse))
     monkeypatch.setattr(json, "loads", spy("json", json.loads))
-    monkeypatch.setattr(explore, "redact_secrets", spy("redact", explore.redact_secrets))
+    monkeypatch.setattr(output, "redact_secrets", spy("redact", output.redact_secrets))
     text = ("lorem ipsum dolor sit amet " * 40 + "\n") * 4800
     rows = "a,b,c\n" + "1,2,3\n" * 900_000
     records = '{"k": 1, "v": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}\n' * 80_000
@@ -561,6 +559,6 @@ def test_five_megabyte_inputs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     assert "Kind: JSON Lines, 80000 records" in run(exploration_summary("big.jsonl", None, records, None))
     assert run(exploration_summary("big.py", None, "def f(): pass\n" * 400_000, None)).startswith("Kind: Python")
     assert run(exploration_summary("big.yaml", None, "k: v\n" * 1_200_000, None)).startswith("Kind: YAML")
-    assert largest["yaml"] <= explore.YAML_LIMIT and largest["ast"] <= explore.SNIFF_LIMIT
+    assert largest["yaml"] <= structured.YAML_LIMIT and largest["ast"] <= kinds.SNIFF_LIMIT
     assert calls["json"] <= 2001  # one whole-document attempt, then at most 2,000 records one by one
     assert largest["redact"] <= 16_384  # redaction runs over the summary's lines, never over the paste

@@ -17,7 +17,8 @@ from proxy.config.lcm import LcmSettings
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
-from proxy.engine.recall import RecallTools, Scope
+from proxy.engine.recall.scope import Scope
+from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
 from proxy.store.postgres import search as postgres_search
 from tests.support.engine import assistant, execute, located, run, user

@@ -22,7 +22,7 @@ from proxy.cli.operator import Operator
 from proxy.engine.admin import AdminViews
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
-from proxy.engine.recall import RecallTools
+from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
 from tests.conftest import make_config
 from tests.engine.test_compaction import SETTINGS, Held, Scripted, long_turns, open_context_engine

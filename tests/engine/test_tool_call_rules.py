@@ -188,7 +188,7 @@ def test_a_call_to_an_lcm_name_never_reaches_the_client(
 
 def test_every_recall_tool_is_an_lcm_name() -> None:
     """The loop keeps every ``lcm_`` call from the client: a recall tool named otherwise would reach it."""
-    from proxy.engine.recall import RECALL_TOOL_NAMES
+    from proxy.engine.recall.schema import RECALL_TOOL_NAMES
     from proxy.relay.toolloop import RECALL_PREFIX
 
     assert RECALL_TOOL_NAMES and all(name.startswith(RECALL_PREFIX) for name in RECALL_TOOL_NAMES)

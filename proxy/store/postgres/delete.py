@@ -62,6 +62,38 @@ class PostgresRemoval:
         cid = conversation_id
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self._run(f"DELETE FROM lcm.{table} WHERE conversation_id = %s", (cid,))
+        keep, kept, doomed = await self._remove_summaries(cid, keep)
+        linked = await self._all(
+            "SELECT DISTINCT mf.file_id FROM lcm.message_files mf JOIN lcm.messages m ON m.id = mf.message_id"
+            " WHERE m.conversation_id = %s AND m.seq >= %s",
+            (cid, keep),
+        )
+        await self._run(
+            "DELETE FROM lcm.message_files WHERE message_id IN (SELECT id FROM lcm.messages"
+            " WHERE conversation_id = %s AND seq >= %s)",
+            (cid, keep),
+        )
+        messages = await self._run("DELETE FROM lcm.messages WHERE conversation_id = %s AND seq >= %s", (cid, keep))
+        gone = await self._remove_files(cid, linked)
+        paths = tuple(dict.fromkeys(str(r[0]) for r in gone))
+        await self.delete_blobs(paths)  # in this transaction: contents go with the rows that name them
+        children = await self._all("SELECT 1 FROM lcm.conversations WHERE parent_id = %s LIMIT 1", (cid,))
+        if keep == 0 and not kept and not children:
+            await self._run("DELETE FROM lcm.conversations WHERE id = %s", (cid,))
+            return Removed(1, messages, len(doomed), len(gone), paths, 0)
+        await self._run(
+            "UPDATE lcm.conversations SET deleted_at = coalesce(deleted_at, %s), external_key = NULL,"
+            " instructions_json = NULL, last_model = NULL, summarized_upto = 0, stubbed_upto = 0,"
+            " message_count = (SELECT count(*) FROM lcm.messages WHERE conversation_id = %s),"
+            " token_count = (SELECT coalesce(sum(token_count), 0) FROM lcm.messages WHERE conversation_id = %s)"
+            " WHERE id = %s",
+            (time.time(), cid, cid, cid),
+        )
+        return Removed(0, messages, len(doomed), len(gone), paths, keep)
+
+    async def _remove_summaries(self, cid: str, keep: int) -> tuple[int, list[str], list[str]]:
+        """Delete the conversation's summaries that nothing kept needs; (the messages to keep, grown to cover
+        the kept summaries; the kept summaries; the deleted ones)."""
         kept = [str(r[0]) for r in await self._all(KEPT_SUMMARIES, (cid, cid, cid))]
         if kept:  # the messages the kept summaries cover stay too (they are within the forks' prefix anyway)
             row = await self._all(
@@ -80,17 +112,11 @@ class PostgresRemoval:
         if doomed:
             await self._run("DELETE FROM lcm.summary_sources WHERE summary_id = ANY(%s::text[])", (doomed,))
             await self._run("DELETE FROM lcm.summaries WHERE id = ANY(%s::text[])", (doomed,))
-        linked = await self._all(
-            "SELECT DISTINCT mf.file_id FROM lcm.message_files mf JOIN lcm.messages m ON m.id = mf.message_id"
-            " WHERE m.conversation_id = %s AND m.seq >= %s",
-            (cid, keep),
-        )
-        await self._run(
-            "DELETE FROM lcm.message_files WHERE message_id IN (SELECT id FROM lcm.messages"
-            " WHERE conversation_id = %s AND seq >= %s)",
-            (cid, keep),
-        )
-        messages = await self._run("DELETE FROM lcm.messages WHERE conversation_id = %s AND seq >= %s", (cid, keep))
+        return keep, kept, doomed
+
+    async def _remove_files(self, cid: str, linked: Sequence[Any]) -> list[Any]:
+        """Delete the ``files`` rows of the conversation (those it owns, and ``linked``: those its removed
+        messages named) that no message names any more; the deleted rows (their paths)."""
         # A file first seen here that others still refer to is attributed to one of them (a live one first).
         await self._run(
             "UPDATE lcm.files f SET conversation_id = coalesce((SELECT m.conversation_id FROM lcm.message_files mf"
@@ -107,21 +133,7 @@ class PostgresRemoval:
             " AND NOT EXISTS (SELECT 1 FROM lcm.message_files mf WHERE mf.file_id = f.id) RETURNING f.path",
             (list(dict.fromkeys(candidates)),),
         )
-        paths = tuple(dict.fromkeys(str(r[0]) for r in gone))
-        await self.delete_blobs(paths)  # in this transaction: contents go with the rows that name them
-        children = await self._all("SELECT 1 FROM lcm.conversations WHERE parent_id = %s LIMIT 1", (cid,))
-        if keep == 0 and not kept and not children:
-            await self._run("DELETE FROM lcm.conversations WHERE id = %s", (cid,))
-            return Removed(1, messages, len(doomed), len(gone), paths, 0)
-        await self._run(
-            "UPDATE lcm.conversations SET deleted_at = coalesce(deleted_at, %s), external_key = NULL,"
-            " instructions_json = NULL, last_model = NULL, summarized_upto = 0, stubbed_upto = 0,"
-            " message_count = (SELECT count(*) FROM lcm.messages WHERE conversation_id = %s),"
-            " token_count = (SELECT coalesce(sum(token_count), 0) FROM lcm.messages WHERE conversation_id = %s)"
-            " WHERE id = %s",
-            (time.time(), cid, cid, cid),
-        )
-        return Removed(0, messages, len(doomed), len(gone), paths, keep)
+        return gone
 
     async def delete_blobs(self, paths: Sequence[str]) -> int:
         if not paths:

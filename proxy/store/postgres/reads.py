@@ -113,20 +113,20 @@ class Session:
 
 class PostgresReads(Session):
     async def conversation(
-        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+        self, scope: str | None, conversation_id: str, *, deleted: bool = False
     ) -> ConversationRecord | None:
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE id = %s AND (%s::text IS NULL OR tenant = %s)"
             " AND (%s OR deleted_at IS NULL)",
-            (conversation_id, tenant, tenant, deleted),
+            (conversation_id, scope, scope, deleted),
         )
         return ConversationRecord(*row) if row else None
 
-    async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None:
+    async def conversation_by_key(self, scope: str, key: str) -> ConversationRecord | None:
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE tenant = %s AND (external_key = %s OR id = %s)"
             " AND deleted_at IS NULL ORDER BY (external_key IS NOT DISTINCT FROM %s) DESC LIMIT 1",
-            (tenant, key, key, key),
+            (scope, key, key, key),
         )
         return ConversationRecord(*row) if row else None
 
@@ -138,12 +138,12 @@ class PostgresReads(Session):
         return [ConversationRecord(*r) for r in rows]
 
     async def conversations(
-        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+        self, scope: str | None = None, limit: int = 1000, *, deleted: bool = False
     ) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE (%s::text IS NULL OR tenant = %s)"
             " AND (%s OR deleted_at IS NULL) ORDER BY updated_at DESC LIMIT %s",
-            (tenant, tenant, deleted, limit),
+            (scope, scope, deleted, limit),
         )
         return [ConversationRecord(*r) for r in rows]
 
@@ -165,12 +165,12 @@ class PostgresReads(Session):
         )
         return row is not None
 
-    async def descendants(self, tenant: str, conversation_id: str, limit: int = 1000) -> list[str]:
+    async def descendants(self, scope: str, conversation_id: str, limit: int = 1000) -> list[str]:
         rows = await self._all(
             "WITH RECURSIVE family(id) AS (SELECT id FROM lcm.conversations WHERE parent_id = %s AND tenant = %s"
             " UNION SELECT c.id FROM lcm.conversations c JOIN family f ON c.parent_id = f.id)"
             " SELECT c.id FROM family f JOIN lcm.conversations c ON c.id = f.id WHERE c.deleted_at IS NULL LIMIT %s",
-            (conversation_id, tenant, limit),
+            (conversation_id, scope, limit),
         )
         return [str(r[0]) for r in rows]
 
@@ -183,12 +183,12 @@ class PostgresReads(Session):
         )
         return [ConversationRecord(*r) for r in rows]
 
-    async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
+    async def conversations_with_chain(self, scope: str, chain_hash: str) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {prefixed(CONV_COLUMNS, 'c')} FROM lcm.messages m"
             " JOIN lcm.conversations c ON c.id = m.conversation_id WHERE m.chain_hash = %s AND c.tenant = %s"
             " AND c.deleted_at IS NULL",
-            (chain_hash, tenant),
+            (chain_hash, scope),
         )
         return [ConversationRecord(*r) for r in rows]
 
@@ -287,14 +287,14 @@ class PostgresReads(Session):
         )
         return [(int(r[0]), r[1], r[2]) for r in rows]
 
-    async def file(self, tenant: str, file_id: str) -> FileRecord | None:
-        row = await self._one(f"SELECT {FILE_COLUMNS} FROM lcm.files WHERE tenant = %s AND id = %s", (tenant, file_id))
+    async def file(self, scope: str, file_id: str) -> FileRecord | None:
+        row = await self._one(f"SELECT {FILE_COLUMNS} FROM lcm.files WHERE tenant = %s AND id = %s", (scope, file_id))
         return FileRecord(*row) if row else None
 
-    async def file_owner(self, tenant: str | None, file_id: str) -> tuple[str, str] | None:
+    async def file_owner(self, scope: str | None, file_id: str) -> tuple[str, str] | None:
         row = await self._one(
             "SELECT tenant, conversation_id FROM lcm.files WHERE id = %s AND (%s::text IS NULL OR tenant = %s)",
-            (file_id, tenant, tenant),
+            (file_id, scope, scope),
         )
         return (row[0], row[1]) if row else None
 

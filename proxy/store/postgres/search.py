@@ -120,12 +120,12 @@ class PostgresSearches(PostgresReads):
         )
         return [SummaryRecord(*r) for r in rows]
 
-    async def visible_file_ids(self, tenant: str, bounds: Bounds) -> list[str]:
+    async def visible_file_ids(self, scope: str, bounds: Bounds) -> list[str]:
         visible, args = within(bounds, "m.conversation_id", "m.seq <")
         rows = await self._search_all(
             "SELECT DISTINCT f.id FROM lcm.files f JOIN lcm.message_files mf ON mf.file_id = f.id"
             f" JOIN lcm.messages m ON m.id = mf.message_id WHERE f.tenant = %s AND {visible} ORDER BY f.id",
-            (tenant, *args),
+            (scope, *args),
         )
         return [str(r[0]) for r in rows]
 
@@ -173,13 +173,13 @@ class PostgresSearches(PostgresReads):
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     async def idle_conversations(
-        self, before: float | None, tenant: str | None, limit: int
+        self, before: float | None, scope: str | None, limit: int
     ) -> list[ConversationRecord]:
         rows = await self._search_all(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE deleted_at IS NULL"
             " AND (%s::float8 IS NULL OR updated_at < %s)"
             " AND (%s::text IS NULL OR tenant = %s OR left(tenant, length(%s::text)) = %s::text)"
             " ORDER BY updated_at, id LIMIT %s",
-            (before, before, tenant, tenant, end_users_of(tenant), end_users_of(tenant), limit),
+            (before, before, scope, scope, end_users_of(scope), end_users_of(scope), limit),
         )
         return [ConversationRecord(*r) for r in rows]

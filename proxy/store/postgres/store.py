@@ -146,8 +146,8 @@ class PostgresBlobs:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
 
-    def batch(self, tenant: str) -> MemoryBatch:
-        return MemoryBatch(tenant)
+    def batch(self, scope: str) -> MemoryBatch:
+        return MemoryBatch(scope)
 
     async def load(self, path: str) -> bytes:
         row = await self.store.read._one("SELECT content FROM lcm.blobs WHERE path = %s", (path,))
@@ -177,15 +177,15 @@ class MemoryBatch:
     """A request's payloads held in memory until the transaction that stores their rows inserts them: nothing
     reaches the database for a request that fails first, so nothing is left to clean up."""
 
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
         self._lock = threading.Lock()
         self._located: dict[str, tuple[str, str]] = {}
         self._contents: dict[str, bytes] = {}
 
     def add(self, data: bytes, file_id: str | None = None) -> tuple[str, str]:
         sha = hashlib.sha256(data).hexdigest()
-        address = FileStore.address(self.tenant, sha)
+        address = FileStore.address(self.scope, sha)
         path = f"files/{address[:2]}/{address}"
         with self._lock:
             self._contents.setdefault(path, data)

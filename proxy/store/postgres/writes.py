@@ -30,8 +30,8 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
     async def _lock(self, key: str) -> None:
         await self._run("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{LOCK_NAMESPACE}:{key}",))
 
-    async def lock_identity(self, tenant: str, key: str) -> None:
-        await self._lock(f"identity:{len(tenant)}:{tenant}:{key}")
+    async def lock_identity(self, scope: str, key: str) -> None:
+        await self._lock(f"identity:{len(scope)}:{scope}:{key}")
 
     async def lock_conversation(self, conversation_id: str) -> bool:
         await self._lock(f"conversation:{conversation_id}")
@@ -40,7 +40,7 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
     async def create_conversation(
         self,
         conversation_id: str,
-        tenant: str,
+        scope: str,
         *,
         external_key: str | None = None,
         parent_id: str | None = None,
@@ -52,12 +52,12 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
         await self._run(
             "INSERT INTO lcm.conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
             " created_at, updated_at, dialect) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
+            (conversation_id, scope, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
         )
 
-    async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:
+    async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None:
         await self._run(
-            "UPDATE lcm.conversations SET external_key = NULL WHERE tenant = %s AND external_key = %s", (tenant, key)
+            "UPDATE lcm.conversations SET external_key = NULL WHERE tenant = %s AND external_key = %s", (scope, key)
         )
         await self._run("UPDATE lcm.conversations SET external_key = %s WHERE id = %s", (key, to_conversation))
 

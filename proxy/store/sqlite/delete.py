@@ -61,7 +61,7 @@ def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
 
 
 class SQLiteRemoval:
-    """``remove_conversation`` and ``delete_blobs`` of a write transaction (``sqlite.WriteTransaction``)."""
+    """``remove_conversation`` and ``delete_blobs`` of a write transaction (``sqlite.writes.WriteTransaction``)."""
 
     conn: aiosqlite.Connection
 
@@ -77,6 +77,36 @@ class SQLiteRemoval:
         cid = conversation_id
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
+        keep, kept, doomed = await self._remove_summaries(cid, keep)
+        linked = await self._fetch(
+            "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"
+            " WHERE m.conversation_id = ? AND m.seq >= ?",
+            (cid, keep),
+        )
+        await self.conn.execute(
+            "DELETE FROM message_files WHERE message_id IN (SELECT id FROM messages WHERE conversation_id = ?"
+            " AND seq >= ?)",
+            (cid, keep),
+        )
+        messages = await self._count("DELETE FROM messages WHERE conversation_id = ? AND seq >= ?", (cid, keep))
+        paths = await self._remove_files(cid, linked)
+        children = await self._fetch("SELECT 1 FROM conversations WHERE parent_id = ? LIMIT 1", (cid,))
+        if keep == 0 and not kept and not children:
+            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
+            return Removed(1, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), 0)
+        await self.conn.execute(
+            "UPDATE conversations SET deleted_at = coalesce(deleted_at, ?1), external_key = NULL,"
+            " instructions_json = NULL, last_model = NULL, summarized_upto = 0, stubbed_upto = 0,"
+            " message_count = (SELECT count(*) FROM messages WHERE conversation_id = ?2),"
+            " token_count = (SELECT coalesce(sum(token_count), 0) FROM messages WHERE conversation_id = ?2)"
+            " WHERE id = ?2",
+            (time.time(), cid),
+        )
+        return Removed(0, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), keep)
+
+    async def _remove_summaries(self, cid: str, keep: int) -> tuple[int, set[str], list[str]]:
+        """Delete the conversation's summaries that nothing kept needs; (the messages to keep, grown to cover
+        the kept summaries; the kept summaries; the deleted ones)."""
         kept = {str(r[0]) for r in await self._fetch(KEPT_SUMMARIES, (cid,))}
         owned = [str(r[0]) for r in await self._fetch("SELECT id FROM summaries WHERE conversation_id = ?", (cid,))]
         kept &= set(owned)
@@ -94,17 +124,11 @@ class SQLiteRemoval:
             marks = ",".join("?" * len(chunk))
             await self.conn.execute(f"DELETE FROM summary_sources WHERE summary_id IN ({marks})", tuple(chunk))
             await self.conn.execute(f"DELETE FROM summaries WHERE id IN ({marks})", tuple(chunk))
-        linked = await self._fetch(
-            "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"
-            " WHERE m.conversation_id = ? AND m.seq >= ?",
-            (cid, keep),
-        )
-        await self.conn.execute(
-            "DELETE FROM message_files WHERE message_id IN (SELECT id FROM messages WHERE conversation_id = ?"
-            " AND seq >= ?)",
-            (cid, keep),
-        )
-        messages = await self._count("DELETE FROM messages WHERE conversation_id = ? AND seq >= ?", (cid, keep))
+        return keep, kept, doomed
+
+    async def _remove_files(self, cid: str, linked: Sequence[Any]) -> list[str]:
+        """Delete the ``files`` rows of the conversation (those it owns, and ``linked``: those its removed
+        messages named) that no message names any more; the paths of their contents."""
         # A file first seen here that others still refer to is attributed to one of them (a live one first).
         await self.conn.execute(
             "UPDATE files SET conversation_id = coalesce((SELECT m.conversation_id FROM message_files mf"
@@ -122,19 +146,7 @@ class SQLiteRemoval:
                 (file_id,),
             )
             paths += [str(r[0]) for r in gone]
-        children = await self._fetch("SELECT 1 FROM conversations WHERE parent_id = ? LIMIT 1", (cid,))
-        if keep == 0 and not kept and not children:
-            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
-            return Removed(1, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), 0)
-        await self.conn.execute(
-            "UPDATE conversations SET deleted_at = coalesce(deleted_at, ?1), external_key = NULL,"
-            " instructions_json = NULL, last_model = NULL, summarized_upto = 0, stubbed_upto = 0,"
-            " message_count = (SELECT count(*) FROM messages WHERE conversation_id = ?2),"
-            " token_count = (SELECT coalesce(sum(token_count), 0) FROM messages WHERE conversation_id = ?2)"
-            " WHERE id = ?2",
-            (time.time(), cid),
-        )
-        return Removed(0, messages, len(doomed), len(paths), tuple(dict.fromkeys(paths)), keep)
+        return paths
 
     async def delete_blobs(self, paths: Sequence[str]) -> int:
         raise TypeError("the SQLite store keeps payloads in files (FileStore.forget), not in the database")

@@ -69,22 +69,22 @@ class Queries:
                 return list(await cursor.fetchall())
 
     async def conversation(
-        self, tenant: str | None, conversation_id: str, *, deleted: bool = False
+        self, scope: str | None, conversation_id: str, *, deleted: bool = False
     ) -> ConversationRecord | None:
-        """``tenant=None`` is for the operator's CLI only, which sees every tenant; ``deleted=True`` also finds a
+        """``scope=None`` is for the operator's CLI only, which sees every scope; ``deleted=True`` also finds a
         deleted conversation kept for its forks."""
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE id = ? AND (? IS NULL OR tenant = ?)"
             " AND (? OR deleted_at IS NULL)",
-            (conversation_id, tenant, tenant, deleted),
+            (conversation_id, scope, scope, deleted),
         )
         return ConversationRecord(*row) if row else None
 
-    async def conversation_by_key(self, tenant: str, key: str) -> ConversationRecord | None:
+    async def conversation_by_key(self, scope: str, key: str) -> ConversationRecord | None:
         row = await self._one(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE tenant = ? AND (external_key = ? OR id = ?)"
             " AND deleted_at IS NULL ORDER BY external_key = ? DESC LIMIT 1",
-            (tenant, key, key, key),
+            (scope, key, key, key),
         )
         return ConversationRecord(*row) if row else None
 
@@ -97,9 +97,9 @@ class Queries:
         return [ConversationRecord(*r) for r in rows]
 
     async def conversations(
-        self, tenant: str | None = None, limit: int = 1000, *, deleted: bool = False
+        self, scope: str | None = None, limit: int = 1000, *, deleted: bool = False
     ) -> list[ConversationRecord]:
-        where, args = ("tenant = ?", [tenant]) if tenant is not None else ("1", [])
+        where, args = ("tenant = ?", [scope]) if scope is not None else ("1", [])
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE {where} AND (? OR deleted_at IS NULL)"
             " ORDER BY updated_at DESC LIMIT ?",
@@ -127,13 +127,13 @@ class Queries:
         )
         return row is not None
 
-    async def descendants(self, tenant: str, conversation_id: str, limit: int = 1000) -> list[str]:
+    async def descendants(self, scope: str, conversation_id: str, limit: int = 1000) -> list[str]:
         """Ids of the conversations forked from ``conversation_id``, directly or through other forks."""
         rows = await self._all(
             "WITH RECURSIVE family(id) AS (SELECT id FROM conversations WHERE parent_id = ? AND tenant = ?"
             " UNION SELECT c.id FROM conversations c JOIN family f ON c.parent_id = f.id)"
             " SELECT c.id FROM family f JOIN conversations c ON c.id = f.id WHERE c.deleted_at IS NULL LIMIT ?",
-            (conversation_id, tenant, limit),
+            (conversation_id, scope, limit),
         )
         return [str(r[0]) for r in rows]
 
@@ -148,12 +148,12 @@ class Queries:
         )
         return [ConversationRecord(*r) for r in rows]
 
-    async def conversations_with_chain(self, tenant: str, chain_hash: str) -> list[ConversationRecord]:
+    async def conversations_with_chain(self, scope: str, chain_hash: str) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {', '.join('c.' + c.strip() for c in CONV_COLUMNS.split(','))} FROM messages m"
             " JOIN conversations c ON c.id = m.conversation_id WHERE m.chain_hash = ? AND c.tenant = ?"
             " AND c.deleted_at IS NULL",
-            (chain_hash, tenant),
+            (chain_hash, scope),
         )
         return [ConversationRecord(*r) for r in rows]
 
@@ -253,15 +253,15 @@ class Queries:
         )
         return [(int(r[0]), r[1], r[2]) for r in rows]
 
-    async def file(self, tenant: str, file_id: str) -> FileRecord | None:
-        row = await self._one(f"SELECT {FILE_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id))
+    async def file(self, scope: str, file_id: str) -> FileRecord | None:
+        row = await self._one(f"SELECT {FILE_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (scope, file_id))
         return FileRecord(*row) if row else None
 
-    async def file_owner(self, tenant: str | None, file_id: str) -> tuple[str, str] | None:
-        """(tenant, conversation) that stored ``file_id``; ``tenant=None`` is for the operator's CLI only."""
+    async def file_owner(self, scope: str | None, file_id: str) -> tuple[str, str] | None:
+        """(scope, conversation) that stored ``file_id``; ``scope=None`` is for the operator's CLI only."""
         row = await self._one(
             "SELECT tenant, conversation_id FROM files WHERE id = ? AND (? IS NULL OR tenant = ?)",
-            (file_id, tenant, tenant),
+            (file_id, scope, scope),
         )
         return (row[0], row[1]) if row else None
 

@@ -66,12 +66,12 @@ class SQLiteSearches(Queries):
         rows = await self._all(f"SELECT {_SUMMARY} FROM summaries s WHERE {visible} ORDER BY s.pk DESC", args)
         return [SummaryRecord(*r) for r in rows]
 
-    async def visible_file_ids(self, tenant: str, bounds: Bounds) -> list[str]:
+    async def visible_file_ids(self, scope: str, bounds: Bounds) -> list[str]:
         visible, args = within(bounds, "m.conversation_id", "m.seq <")
         rows = await self._all(
             "SELECT DISTINCT f.id FROM files f JOIN message_files mf ON mf.file_id = f.id"
             f" JOIN messages m ON m.id = mf.message_id WHERE f.tenant = ? AND {visible} ORDER BY f.id",
-            (tenant, *args),
+            (scope, *args),
         )
         return [str(r[0]) for r in rows]
 
@@ -117,11 +117,11 @@ class SQLiteSearches(Queries):
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     async def idle_conversations(
-        self, before: float | None, tenant: str | None, limit: int
+        self, before: float | None, scope: str | None, limit: int
     ) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE deleted_at IS NULL AND (?1 IS NULL OR updated_at < ?1)"
             " AND (?2 IS NULL OR tenant = ?2 OR substr(tenant, 1, length(?4)) = ?4) ORDER BY updated_at, id LIMIT ?3",
-            (before, tenant, limit, end_users_of(tenant)),
+            (before, scope, limit, end_users_of(scope)),
         )
         return [ConversationRecord(*r) for r in rows]

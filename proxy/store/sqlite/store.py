@@ -22,234 +22,29 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
-from proxy.store.records import FileRecord, NewMessage, SummaryRecord
 from proxy.store.sqlite.connect import connect, connect_on_loop
 from proxy.store.sqlite.delete import (
     CHECKPOINT_STEPS,
     FTS_TABLES,
     MAX_SCRUB_STEPS,
     SCRUB_PAGES,
-    SQLiteRemoval,
     merge_step,
     truncate_wal,
     vacuum,
 )
 from proxy.store.sqlite.migrations import MIGRATIONS, apply_migrations
-from proxy.store.sqlite.reads import FILE_COLUMNS, SUM_COLUMNS, Queries, busy_is_retryable
-
-if TYPE_CHECKING:
-    from proxy.store.sqlite.search import SQLiteSearches
+from proxy.store.sqlite.reads import Queries, busy_is_retryable
+from proxy.store.sqlite.search import SQLiteSearches
+from proxy.store.sqlite.writes import WriteTransaction
 
 DB_NAME = "lcm.sqlite3"
 BUSY_TIMEOUT_MS = 10_000  # how long a write waits for another process's write lock before it gives up
-
-
-class WriteTransaction(SQLiteRemoval, Queries):
-    conn: aiosqlite.Connection
-
-    def __init__(self, conn: aiosqlite.Connection) -> None:
-        self.conn = conn
-
-    # This store's writers are serialised (one process: ``SQLiteStore._lock``; several: BEGIN IMMEDIATE), so
-    # every transaction already holds every lock.
-    async def lock_identity(self, tenant: str, key: str) -> None:
-        pass
-
-    async def lock_conversation(self, conversation_id: str) -> bool:
-        return False
-
-    async def put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
-        raise TypeError("the SQLite store keeps payloads in files (FileStore), not in the database")
-
-    async def create_conversation(
-        self,
-        conversation_id: str,
-        tenant: str,
-        *,
-        external_key: str | None = None,
-        parent_id: str | None = None,
-        fork_seq: int | None = None,
-        instructions_json: str | None = None,
-        dialect: str = "chat",
-    ) -> None:
-        now = time.time()
-        await self.conn.execute(
-            "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at, dialect) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, tenant, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
-        )
-
-    async def move_external_key(self, tenant: str, key: str, to_conversation: str) -> None:
-        await self.conn.execute(
-            "UPDATE conversations SET external_key = NULL WHERE tenant = ? AND external_key = ?", (tenant, key)
-        )
-        await self.conn.execute("UPDATE conversations SET external_key = ? WHERE id = ?", (key, to_conversation))
-
-    async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:
-        """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
-        await self.conn.execute(
-            "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-            " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
-            " SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
-            " sent_token_count, chain_hash, created_at, compact_token_count FROM messages"
-            " WHERE conversation_id = ? AND seq < ? ORDER BY seq",
-            (target_id, source_id, count),
-        )
-        await self.conn.execute(
-            "INSERT OR IGNORE INTO message_files (message_id, file_id)"
-            " SELECT t.id, mf.file_id FROM messages s JOIN message_files mf ON mf.message_id = s.id"
-            " JOIN messages t ON t.conversation_id = ? AND t.seq = s.seq WHERE s.conversation_id = ? AND s.seq < ?",
-            (target_id, source_id, count),
-        )
-        await self._refresh_counts(target_id)
-
-    async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None:
-        now = time.time()
-        for offset, m in enumerate(messages):
-            cursor = await self.conn.execute(
-                "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-                " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
-                    m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
-                    m.compact_token_count,
-                ),
-            )  # fmt: skip
-            for file_id in m.file_ids:
-                await self.conn.execute(
-                    "INSERT OR IGNORE INTO message_files (message_id, file_id) VALUES (?, ?)",
-                    (cursor.lastrowid, file_id),
-                )
-        await self._refresh_counts(conversation_id)
-
-    async def _refresh_counts(self, conversation_id: str) -> None:
-        await self.conn.execute(
-            "UPDATE conversations SET message_count = (SELECT count(*) FROM messages WHERE conversation_id = ?),"
-            " token_count = (SELECT coalesce(sum(token_count), 0) FROM messages WHERE conversation_id = ?),"
-            " updated_at = ? WHERE id = ?",
-            (conversation_id, conversation_id, time.time(), conversation_id),
-        )
-
-    async def set_relayed_answer(self, conversation_id: str, seq: int, asked_at: float) -> None:
-        """Record the message at ``seq`` as the answer relayed for a request that arrived at ``asked_at``."""
-        await self.conn.execute(
-            "INSERT OR REPLACE INTO relayed_answers (conversation_id, seq, created_at) VALUES (?, ?, ?)",
-            (conversation_id, seq, asked_at),
-        )
-
-    async def relayed_answer_asked_at(self, conversation_id: str) -> float | None:
-        row = await self._one("SELECT created_at FROM relayed_answers WHERE conversation_id = ?", (conversation_id,))
-        return float(row[0]) if row else None
-
-    async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None:
-        """Remove the relayed answer at ``seq`` (checked with ``replaceable_answer`` in this transaction)."""
-        await self.conn.execute(
-            "DELETE FROM message_files WHERE message_id IN"
-            " (SELECT id FROM messages WHERE conversation_id = ? AND seq = ?)",
-            (conversation_id, seq),
-        )
-        await self.conn.execute("DELETE FROM messages WHERE conversation_id = ? AND seq = ?", (conversation_id, seq))
-        await self.conn.execute("DELETE FROM relayed_answers WHERE conversation_id = ?", (conversation_id,))
-        await self._refresh_counts(conversation_id)
-
-    async def set_instructions(self, conversation_id: str, instructions_json: str | None) -> None:
-        await self.conn.execute(
-            "UPDATE conversations SET instructions_json = ?, updated_at = ? WHERE id = ?",
-            (instructions_json, time.time(), conversation_id),
-        )
-
-    async def touch(self, conversation_id: str) -> None:
-        await self.conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
-
-    async def insert_summary(self, record: SummaryRecord, message_ids: Sequence[int], child_ids: Sequence[str]) -> None:
-        await self.conn.execute(
-            f"INSERT INTO summaries ({SUM_COLUMNS}) VALUES ({', '.join('?' * 16)})",
-            (
-                record.id, record.conversation_id, record.kind, record.depth, record.start_seq, record.end_seq,
-                record.content, record.token_count, record.source_token_count, record.earliest_at, record.latest_at,
-                record.descendant_count, record.file_ids, record.summarizer_model, record.escalation, record.created_at,
-            ),
-        )  # fmt: skip
-        sources = [(m, None) for m in message_ids] + [(None, c) for c in child_ids]
-        await self.conn.executemany(
-            "INSERT INTO summary_sources (summary_id, ordinal, message_id, child_summary_id) VALUES (?, ?, ?, ?)",
-            [(record.id, i, m, c) for i, (m, c) in enumerate(sources)],
-        )
-
-    async def set_context(self, conversation_id: str, summary_ids: Sequence[str], summarized_upto: int) -> None:
-        """Replace the summarised part of the active context (the swap of one compaction pass)."""
-        await self.conn.execute("DELETE FROM context_items WHERE conversation_id = ?", (conversation_id,))
-        await self.conn.executemany(
-            "INSERT INTO context_items (conversation_id, ordinal, summary_id) VALUES (?, ?, ?)",
-            [(conversation_id, i, s) for i, s in enumerate(summary_ids)],
-        )
-        await self.conn.execute(
-            "UPDATE conversations SET summarized_upto = ?, stubbed_upto = max(stubbed_upto, ?) WHERE id = ?",
-            (summarized_upto, summarized_upto, conversation_id),
-        )
-
-    async def set_stubbed_upto(self, conversation_id: str, seq: int) -> None:
-        await self.conn.execute(
-            "UPDATE conversations SET stubbed_upto = max(stubbed_upto, ?) WHERE id = ?", (seq, conversation_id)
-        )
-
-    async def set_last_sent(self, conversation_id: str, sent_json: str) -> None:
-        # Nothing for a conversation deleted while its request ran.
-        await self.conn.execute(
-            "INSERT INTO last_sent (conversation_id, sent_json, updated_at) SELECT ?1, ?2, ?3"
-            " WHERE EXISTS (SELECT 1 FROM conversations WHERE id = ?1 AND deleted_at IS NULL)"
-            " ON CONFLICT(conversation_id) DO UPDATE"
-            " SET sent_json = excluded.sent_json, updated_at = excluded.updated_at",
-            (conversation_id, sent_json, time.time()),
-        )
-
-    async def set_last_model(self, conversation_id: str, model: str) -> None:
-        await self.conn.execute("UPDATE conversations SET last_model = ? WHERE id = ?", (model, conversation_id))
-
-    async def put_file(self, record: FileRecord) -> None:
-        await self.conn.execute(
-            f"INSERT OR IGNORE INTO files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.id, record.tenant, record.conversation_id, record.name, record.mime, record.kind,
-                record.bytes, record.sha256, record.path, record.exploration, record.created_at,
-            ),
-        )  # fmt: skip
-
-    # Compaction leases: at most one sweep of a conversation at a time across processes (workers, the CLI). A
-    # lease names its owner and expires unless renewed, so one whose holder died (SIGKILL) is taken over.
-
-    async def take_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool:
-        """Take the lease of ``conversation_id`` for ``ttl`` seconds if it is free, expired or already
-        ``owner``'s; whether ``owner`` holds it now."""
-        now = time.time()
-        await self.conn.execute(
-            "INSERT INTO compaction_leases (conversation_id, owner, expires_at) VALUES (?, ?, ?)"
-            " ON CONFLICT(conversation_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
-            " WHERE compaction_leases.expires_at <= ? OR compaction_leases.owner = excluded.owner",
-            (conversation_id, owner, now + ttl, now),
-        )
-        held = await self.compaction_lease(conversation_id)
-        return held is not None and held[0] == owner
-
-    async def renew_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool:
-        """Extend ``owner``'s lease; False when it is no longer ``owner``'s (it expired and was taken over)."""
-        cursor = await self.conn.execute(
-            "UPDATE compaction_leases SET expires_at = ? WHERE conversation_id = ? AND owner = ?",
-            (time.time() + ttl, conversation_id, owner),
-        )
-        return cursor.rowcount > 0
-
-    async def release_compaction_lease(self, conversation_id: str, owner: str) -> None:
-        await self.conn.execute(
-            "DELETE FROM compaction_leases WHERE conversation_id = ? AND owner = ?", (conversation_id, owner)
-        )
 
 
 async def _undo(begin: asyncio.Future[Any], writer: aiosqlite.Connection) -> None:
@@ -288,7 +83,6 @@ class SQLiteStore:
         self._loop_reader: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         self.scrub_pages = SCRUB_PAGES  # FTS5 pages per scrub step
-        self.scrub_steps = 0  # merge steps taken by scrubs so far
 
     async def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -322,8 +116,6 @@ class SQLiteStore:
     @property
     def search(self) -> SQLiteSearches:
         """Queries that may run long (full-text search, scans, checks), on a reader in its own thread."""
-        from proxy.store.sqlite.search import SQLiteSearches  # it builds on Queries, defined here
-
         assert self._reader is not None, "store is not open"
         return SQLiteSearches(self._reader)
 
@@ -373,7 +165,6 @@ class SQLiteStore:
             for step in range(MAX_SCRUB_STEPS):
                 start = time.monotonic()
                 worked = await self._scrub_step(merge_step, table, pages)
-                self.scrub_steps += 1
                 if not worked:
                     break
                 pages = self.scrub_pages  # positive: carry on with the merge started

@@ -20,8 +20,9 @@ from proxy.engine.summarize import Guard, summarize
 from proxy.errors import InvalidRequestError
 from proxy.store.location import Location
 from proxy.store.records import SummaryRecord
-from proxy.wire.chat import validation
-from proxy.wire.chat.validation import MAX_DEPTH, validate_chat_request
+from proxy.wire.chat import limits
+from proxy.wire.chat.validation import validate_chat_request
+from proxy.wire.http import MAX_DEPTH
 from tests.conftest import RunningProxy
 from tests.engine.test_compaction import BIG, long_turns, open_context_engine
 from tests.support.engine import execute, rows
@@ -142,15 +143,15 @@ def test_huge_shallow_body_passes_without_building_paths(monkeypatch: pytest.Mon
     def no_paths(node: Any) -> list[str | int]:
         raise AssertionError("a path was built for a value that passed")
 
-    monkeypatch.setattr(validation, "_path_to", no_paths)
-    parts = [{"type": "text", "text": f"part {i}"} for i in range(validation.MAX_CONTENT_PARTS)]
+    monkeypatch.setattr(limits, "_path_to", no_paths)
+    parts = [{"type": "text", "text": f"part {i}"} for i in range(limits.MAX_CONTENT_PARTS)]
     messages = [{"role": "user", "content": parts} for _ in range(20)]
     body = chat(messages=messages, wide={f"k{i}": [i, {"v": i}] for i in range(20_000)})
     assert validate_chat_request(body) is body
 
 
 def test_more_content_parts_than_the_cap_is_a_400_naming_the_message() -> None:
-    parts = [{"type": "text", "text": "x"}] * (validation.MAX_CONTENT_PARTS + 1)
+    parts = [{"type": "text", "text": "x"}] * (limits.MAX_CONTENT_PARTS + 1)
     body = chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": parts}])
     with pytest.raises(InvalidRequestError) as raised:
         validate_chat_request(body)
@@ -467,7 +468,7 @@ def test_model_written_exploration_summaries_lose_instruction_overrides() -> Non
     # summary model copied from the document must not ride along.
     import asyncio
 
-    from proxy.engine.explore import exploration_summary
+    from proxy.engine.explore.summary import exploration_summary
 
     class Copier:
         async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
@@ -633,7 +634,7 @@ def test_model_summaries_lose_disguised_instruction_overrides(override: str) -> 
 def test_file_stubs_neutralise_their_exploration() -> None:
     """A deterministic exploration quotes the file's own words (excerpts, CSV samples): the stub that
     carries it must not let them close a block, forge a label or give orders."""
-    from proxy.engine.explore import explore_text_fallback
+    from proxy.engine.explore.excerpts import explore_text_fallback
     from proxy.engine.intercept import Payload, stub_text
 
     document = (
