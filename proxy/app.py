@@ -28,14 +28,12 @@ from proxy.engine.errors import EngineError
 from proxy.engine.neutralise import warm_up as neutralise_warm_up
 from proxy.engine.recall import RecallTools
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
+from proxy.relay.policy import ModelPolicy, recall_tool_tokens, router_of
 from proxy.relay.priority import Priority
 from proxy.store.errors import StoreError
 from proxy.store.files import PENDING_MAX_AGE, FileStore
 from proxy.upstream.client import Upstream
-from proxy.upstream.routing import (
-    ModelRouter,
-    upstream_of,
-)
+from proxy.upstream.routing import upstream_of
 from proxy.wire.admin.routes import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.chat import routes
@@ -45,7 +43,7 @@ from proxy.wire.http import error_response, reported_error
 from proxy.wire.passthrough.routes import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
 from proxy.wire.shutdown import AnswerOnShutdown
-from proxy.wire.state import AppState, recall_tool_tokens
+from proxy.wire.state import AppState
 
 log = logging.getLogger("lcm_proxy")
 
@@ -81,9 +79,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
     bind when ``allowed_hosts`` is unset)."""
     state = AppState(
         config=config,
-        router=ModelRouter(
-            config.model_list, config.general_settings.fallbacks, config.general_settings.model_group_alias
-        ),
+        router=router_of(config),
         auth=Authenticator(config.general_settings.api_keys),
     )
 
@@ -98,6 +94,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
         state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
         state.recall = RecallTools(state.store, state.files)
         state.priority = Priority(config.lcm_settings.background_yields)
+        state.policy = ModelPolicy(config, state.router, state.upstream, state.upstream, state.priority)
         state.admin = AdminViews(state.engine, state.recall)
         if isinstance(state.files, FileStore):
             # In the background (readiness does not wait for it): files no row names, left by processes killed

@@ -108,7 +108,7 @@ class _Call:
             self.summarizer,
             conversation_key=self.key,
             model=self.body["model"],
-            tools_offered=self.state.offers_recall_tools(self.target),
+            tools_offered=self.state.policy.offers_recall_tools(self.target),
         )
 
     def after(self, prepared: Prepared | None) -> BackgroundTask | None:
@@ -167,8 +167,8 @@ async def chat_completions(request: Request) -> Response:
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
             await state.upstream.windows.ready(call.target)  # the server's own window, when it is being asked
-            call.summarizer = state.summarizer_for(call.target)
-            call.budget = state.budget_for(call.target, body)
+            call.summarizer = state.policy.summarizer_for(call.target)
+            call.budget = state.policy.budget_for(call.target, body)
             try:
                 started = await call.begin(call.budget)
             except ContextTooLong as error:
@@ -225,7 +225,7 @@ async def _compacted_retry(call: _Call, prepared: Prepared | None, error: Upstre
     if error.deployment is not None:  # the server's count of what it refused, against the proxy's
         counted = prepared.tokens_forwarded + before.tools
         call.state.upstream.windows.learn_margin(error.deployment, error.message, counted)
-    budget = call.state.budget_for(call.target, call.body)
+    budget = call.state.policy.budget_for(call.target, call.body)
     if budget.window >= before.window and budget.margin <= before.margin:
         # Three quarters of what the server refused, turned back into a window (never above the old one).
         refused = before.output_reserve + prepared.tokens_forwarded * before.margin + before.tools
@@ -335,7 +335,11 @@ async def _forward(call: _Call, prepared: Prepared | None, headers: dict[str, st
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
             relay = _relay(
-                stream, lambda delta: state.learn_tool_calls(target, delta), leave, answer, describe_upstream(target)
+                stream,
+                lambda delta: state.policy.learn_tool_calls(target, delta),
+                leave,
+                answer,
+                describe_upstream(target),
             )
             return _streaming(relay, headers, background, leave)
         try:
@@ -343,7 +347,7 @@ async def _forward(call: _Call, prepared: Prepared | None, headers: dict[str, st
         finally:
             leave()
         for choice in result.get("choices") or []:
-            state.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
+            state.policy.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
         if answer is not None:
             await answer.keep_result(result)
         return JSONResponse(result, headers=headers, background=background)
@@ -377,7 +381,7 @@ async def _with_recall(
     state, target = call.state, call.target
     assert prepared.conversation_id is not None and call.summarizer is not None
     summarizer = call.summarizer
-    window = state.budget_for(target, body)
+    window = state.policy.budget_for(target, body)
     result_cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
     # The request's own length bounds what it may recall: a re-send of an earlier point sees no more than it sent.
     scope = await state.recall.scope(call.tenant, prepared.conversation_id, prepared.transcript_length)
