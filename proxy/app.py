@@ -40,6 +40,7 @@ from proxy.wire.chat import routes
 from proxy.wire.cors import cors_middleware
 from proxy.wire.guard import CloseUnreadBodies, RequestGuard
 from proxy.wire.http import error_response, reported_error
+from proxy.wire.models import MODEL_ROUTES
 from proxy.wire.passthrough.routes import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
 from proxy.wire.shutdown import AnswerOnShutdown
@@ -143,9 +144,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/chat/completions", routes.chat_completions, methods=["POST"]),
-            Route("/v1/models", routes.list_models, methods=["GET"]),
-            Route("/models", routes.list_models, methods=["GET"]),
-            Route("/healthz", routes.healthz, methods=["GET"]),
+            *MODEL_ROUTES,
             *ADMIN_ROUTES,
             *PASSTHROUGH_ROUTES,
         ],
