@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.cli.common import operator_setup
+from proxy.cli.common import at_least_one, operator_setup
 from proxy.config.lcm import LcmSettings
 from proxy.config.settings import ProxyConfig
 from proxy.engine.admin import AdminViews
@@ -297,3 +297,59 @@ def cmd_operator(args: argparse.Namespace) -> int:
         dry_run=getattr(args, "dry_run", False),
         full=getattr(args, "vacuum_full", False),
     )
+
+
+def add_reading_commands(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``conversations``, ``show``, ``export``, ``compact``, ``grep`` and ``describe`` on the CLI's
+    subcommands; ``add_store`` adds the options that find the store."""
+    listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
+    add_store(listing)
+    listing.add_argument("--tenant", help="only this tenant's conversations")
+    listing.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    listing.add_argument(
+        "--limit", type=at_least_one, default=100, help="at most this many, newest first (default: 100)"
+    )
+    listing.set_defaults(func=cmd_operator)
+    for name, text in (
+        ("show", "show one conversation: its summary DAG and messages"),
+        ("export", "print a conversation's original transcript as JSON (stored files restored)"),
+        ("compact", "run a full compaction sweep on a conversation now"),
+    ):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
+        add_store(p)
+        p.add_argument("--tenant", help="refuse a conversation of another tenant")
+        p.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+        if name == "compact":
+            p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
+        p.set_defaults(func=cmd_operator)
+
+    grep = sub.add_parser(
+        "grep",
+        help="search a conversation's messages, summaries and stored files",
+        description="Search a conversation (and the conversations it was forked from).",
+    )
+    grep.add_argument("pattern", help="regular expression (or words with --mode full_text)")
+    grep.add_argument(
+        "--conversation", dest="conversation_id", required=True, metavar="ID",
+        help="conversation id or the client's key for it",
+    )  # fmt: skip
+    grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
+    grep.add_argument("--limit", type=at_least_one, default=20)
+    grep.add_argument("--tenant", help="refuse a conversation of another tenant")
+    grep.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    add_store(grep)
+    grep.set_defaults(func=cmd_operator)
+
+    describe = sub.add_parser(
+        "describe",
+        help="show a summary (lineage, content), a stored file or a message",
+        description="Describe a sum_..., file_... or msg_... id.",
+    )
+    describe.add_argument("item_id", metavar="ID")
+    describe.add_argument("--start-line", type=at_least_one, dest="start_line", help="files: first line (from 1)")
+    describe.add_argument("--end-line", type=at_least_one, dest="end_line", help="files: last line, inclusive")
+    describe.add_argument("--tenant", help="refuse an id of another tenant")
+    describe.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    add_store(describe)
+    describe.set_defaults(func=cmd_operator)
