@@ -28,24 +28,23 @@ from proxy.engine.errors import EngineError
 from proxy.engine.neutralise import warm_up as neutralise_warm_up
 from proxy.engine.recall import RecallTools
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
+from proxy.relay.policy import ModelPolicy, recall_tool_tokens, router_of
 from proxy.relay.priority import Priority
 from proxy.store.errors import StoreError
 from proxy.store.files import PENDING_MAX_AGE, FileStore
 from proxy.upstream.client import Upstream
-from proxy.upstream.routing import (
-    ModelRouter,
-    upstream_of,
-)
+from proxy.upstream.routing import upstream_of
 from proxy.wire.admin.routes import ADMIN_ROUTES
 from proxy.wire.auth import Authenticator
 from proxy.wire.chat import routes
 from proxy.wire.cors import cors_middleware
 from proxy.wire.guard import CloseUnreadBodies, RequestGuard
 from proxy.wire.http import error_response, reported_error
+from proxy.wire.models import MODEL_ROUTES
 from proxy.wire.passthrough.routes import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
 from proxy.wire.shutdown import AnswerOnShutdown
-from proxy.wire.state import AppState, recall_tool_tokens
+from proxy.wire.state import AppState
 
 log = logging.getLogger("lcm_proxy")
 
@@ -74,6 +73,65 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(InternalError("Internal error in lcm-proxy. The request was not forwarded."))
 
 
+async def _start(state: AppState, serving: bool) -> None:
+    """Open what the app serves from: the store, the engine and its services, the upstream, the policy."""
+    config = state.config
+    location = config.general_settings.location()
+    if location.kind == "sqlite":
+        ensure_private_dir(location.data_dir)
+    state.upstream = Upstream(config.general_settings)
+    state.store, state.files = location.stores()
+    await state.store.open()
+    state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
+    state.recall = RecallTools(state.store, state.files)
+    state.priority = Priority(config.lcm_settings.background_yields)
+    state.policy = ModelPolicy(config, state.router, state.upstream, state.upstream, state.priority)
+    state.admin = AdminViews(state.engine, state.recall)
+    if isinstance(state.files, FileStore):
+        # In the background (readiness does not wait for it): files no row names, left by processes killed
+        # mid-request, older than any live worker's request can have been writing them.
+        grace = max(PENDING_MAX_AGE, config.general_settings.request_timeout)
+        state.collecting = asyncio.create_task(collect_leftovers(state.store, state.files, grace))
+    state.delete_limits = TokenBuckets(
+        config.lcm_settings.delete_rate_per_minute, config.lcm_settings.delete_burst, "deleting conversations"
+    )
+    if config.lcm_settings.retention_days is not None:
+        state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
+        state.retention.start()
+    for deployment in config.model_list:
+        log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
+    if config.lcm_settings.probe_context_window:
+        state.upstream.probe_windows(state.router.deployments())
+    log.info("conversations: %s (%s)", location.describe(), location.kind)
+    log.info(
+        "authentication: %s",
+        f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
+    )
+    if serving:
+        # LiteLLM leaves ~370,000 long-lived objects on the heap, and every full garbage collection walks
+        # them all: 170-210 ms, a pause that lands in some request's latency every few hundred requests
+        # (p99 at 8 clients was ~250 ms for a ~4 ms p50). Once LiteLLM's lazy imports are done, freezing
+        # the heap moves those objects out of the collector's sight; a full collection then takes ~2 ms.
+        await state.upstream.warm_up()
+        recall_tool_tokens()  # loads the tokenizer now, not in the first request (a ~200 ms stall of the loop)
+        await asyncio.to_thread(neutralise_warm_up)  # the fold's table (~0.2 s), not in the first request
+        gc.collect()
+        gc.freeze()
+
+
+async def _stop(state: AppState) -> None:
+    """Close it all, a scrub promised to a deletion and the work in flight finished first."""
+    if state.collecting is not None:
+        state.collecting.cancel()
+        await asyncio.wait({state.collecting})
+    await state.upstream.windows.close()
+    if state.retention is not None:
+        await state.retention.stop()
+    await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first
+    await state.engine.close()
+    await state.store.close()
+
+
 def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | None = None) -> Starlette:
     """``serving``: this process exists to serve the app (``lcm-proxy serve``), so it may warm LiteLLM up and
     freeze its startup heap; tests that build many apps in one process leave it off. ``bind_host``: the address
@@ -81,74 +139,23 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
     bind when ``allowed_hosts`` is unset)."""
     state = AppState(
         config=config,
-        router=ModelRouter(
-            config.model_list, config.general_settings.fallbacks, config.general_settings.model_group_alias
-        ),
+        router=router_of(config),
         auth=Authenticator(config.general_settings.api_keys),
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        location = config.general_settings.location()
-        if location.kind == "sqlite":
-            ensure_private_dir(location.data_dir)
-        state.upstream = Upstream(config.general_settings)
-        state.store, state.files = location.stores()
-        await state.store.open()
-        state.engine = ContextEngine(state.store, state.files, config.lcm_settings)
-        state.recall = RecallTools(state.store, state.files)
-        state.priority = Priority(config.lcm_settings.background_yields)
-        state.admin = AdminViews(state.engine, state.recall)
-        if isinstance(state.files, FileStore):
-            # In the background (readiness does not wait for it): files no row names, left by processes killed
-            # mid-request, older than any live worker's request can have been writing them.
-            grace = max(PENDING_MAX_AGE, config.general_settings.request_timeout)
-            state.collecting = asyncio.create_task(collect_leftovers(state.store, state.files, grace))
-        state.delete_limits = TokenBuckets(
-            config.lcm_settings.delete_rate_per_minute, config.lcm_settings.delete_burst, "deleting conversations"
-        )
-        if config.lcm_settings.retention_days is not None:
-            state.retention = Retention(state.admin.deleter, config.lcm_settings.retention_days)
-            state.retention.start()
-        for deployment in config.model_list:
-            log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
-        if config.lcm_settings.probe_context_window:
-            state.upstream.probe_windows(state.router.deployments())
-        log.info("conversations: %s (%s)", location.describe(), location.kind)
-        log.info(
-            "authentication: %s",
-            f"{len(config.general_settings.api_keys)} key(s)" if state.auth.enabled else "off",
-        )
-        if serving:
-            # LiteLLM leaves ~370,000 long-lived objects on the heap, and every full garbage collection walks
-            # them all: 170-210 ms, a pause that lands in some request's latency every few hundred requests
-            # (p99 at 8 clients was ~250 ms for a ~4 ms p50). Once LiteLLM's lazy imports are done, freezing
-            # the heap moves those objects out of the collector's sight; a full collection then takes ~2 ms.
-            await state.upstream.warm_up()
-            recall_tool_tokens()  # loads the tokenizer now, not in the first request (a ~200 ms stall of the loop)
-            await asyncio.to_thread(neutralise_warm_up)  # the fold's table (~0.2 s), not in the first request
-            gc.collect()
-            gc.freeze()
+        await _start(state, serving)
         try:
             yield
         finally:
-            if state.collecting is not None:
-                state.collecting.cancel()
-                await asyncio.wait({state.collecting})
-            await state.upstream.windows.close()
-            if state.retention is not None:
-                await state.retention.stop()
-            await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first
-            await state.engine.close()
-            await state.store.close()
+            await _stop(state)
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/chat/completions", routes.chat_completions, methods=["POST"]),
-            Route("/v1/models", routes.list_models, methods=["GET"]),
-            Route("/models", routes.list_models, methods=["GET"]),
-            Route("/healthz", routes.healthz, methods=["GET"]),
+            *MODEL_ROUTES,
             *ADMIN_ROUTES,
             *PASSTHROUGH_ROUTES,
         ],

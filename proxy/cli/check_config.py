@@ -9,29 +9,32 @@ not inferred from a 400. LiteLLM is imported only when a model's window is not i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from proxy.config.settings import ModelDeployment, ProxyConfig
-from proxy.engine.budget import Budget, sizes
+from proxy.engine.budget import sizes
+from proxy.relay.policy import ModelPolicy, WindowLookup, router_of
 from proxy.upstream.balancer import WEIGHTS
-from proxy.upstream.routing import ModelRouter, ResolvedModel, largest_margin, smallest_window, upstream_of
+from proxy.upstream.routing import ResolvedModel, upstream_of
+from proxy.upstream.windows import ServerWindows
 
-WindowLookup = Callable[[str], "int | None"]
 
+class _ModelMap:
+    """What ``check-config`` knows of a model beyond its config: LiteLLM's model map, imported on first use
+    only, and nothing from its servers (none is asked)."""
 
-class _LiteLLMWindows:
-    """LiteLLM's model map, imported on first use only."""
-
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, windows: WindowLookup | None) -> None:
         self._config = config
-        self._lookup: WindowLookup | None = None
+        self._lookup = windows
+        self.windows = ServerWindows()
 
-    def __call__(self, model: str) -> int | None:
+    def context_window(self, model: str) -> int | None:
         if self._lookup is None:
             from proxy.upstream.client import Upstream
 
             self._lookup = Upstream(self._config.general_settings).context_window
         return self._lookup(model)
+
+    def supports_function_calling(self, model: str) -> bool | None:
+        return None  # the report budgets a request without tools: whether the model calls them does not count
 
 
 def _n(tokens: int) -> str:
@@ -42,11 +45,10 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
     """Lines for ``check-config``: per model, its deployments and fallbacks, then the window, reserve and
     thresholds of the smallest of them (for a request with no tools and no instructions; those come off the
     message limit)."""
-    lookup = windows or _LiteLLMWindows(config)
     lcm = config.lcm_settings
     general = config.general_settings
-    router = ModelRouter(config.model_list, general.fallbacks, general.model_group_alias)
-    default = lcm.default_context_window
+    router = router_of(config)
+    policy = ModelPolicy(config, router, _ModelMap(config, windows))
     lines: list[str] = []
     groups: dict[str, list[ModelDeployment]] = {}
     for deployment in config.model_list:
@@ -67,17 +69,11 @@ def model_report(config: ProxyConfig, windows: WindowLookup | None = None) -> li
             lines.append("    window:      depends on the model name asked for (LiteLLM's model map, else the default)")
             continue
         target = router.resolve(name)
-        window, source = smallest_window(target, lookup, default)
-        margin, margin_source = largest_margin(target)
-        reserve = min(lcm.default_output_reserve, window // 4)
-        budget = Budget(
-            window=window, output_reserve=reserve, tools=0, window_source=source,
-            reserve_source="lcm_settings.default_output_reserve", margin=margin, margin_source=margin_source,
-        )  # fmt: skip
-        summary_target = _summary_target(config, router, target)
-        summary_window = smallest_window(summary_target, lookup, default)[0]
-        summary_margin = largest_margin(summary_target)[0]
-        s = sizes(lcm, budget.for_messages(0), int(summary_window / summary_margin))
+        budget = policy.plain_budget(target)
+        window, source, reserve = budget.window, budget.window_source, budget.output_reserve
+        margin, margin_source = budget.margin, budget.margin_source
+        summary_target = policy.summary_target(target)
+        s = sizes(lcm, budget.for_messages(0), policy.summary_window(summary_target))
         lines += [
             f"    window:      {_n(window)} tokens ({source})",
             *_server_window_line(config, target),
@@ -115,8 +111,3 @@ def _deployment_lines(name: str, deployments: list[ModelDeployment], strategy: s
         weight = next((f" ({key} {params[key]})" for key in WEIGHTS if params.get(key)), "")
         lines.append(f"    deployment:  {upstream_of(deployment)}{weight}")
     return lines
-
-
-def _summary_target(config: ProxyConfig, router: ModelRouter, target: ResolvedModel) -> ResolvedModel:
-    name = config.lcm_settings.summary_model
-    return router.resolve(name) if name else target

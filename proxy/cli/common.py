@@ -62,3 +62,14 @@ def operator_setup(args: argparse.Namespace) -> tuple[Location, ProxyConfig | No
     assert config is not None
     location = config.general_settings.location()
     return None if driver_missing(location) else (location, config)
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

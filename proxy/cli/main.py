@@ -14,11 +14,12 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from proxy import __version__
-from proxy.cli.common import driver_missing, load_or_say, operator_setup
+from proxy.cli.common import at_least_one, driver_missing, load_or_say, operator_setup
 from proxy.cli.delete import add_deleting_commands
-from proxy.cli.operator import cmd_operator
+from proxy.cli.operator import add_reading_commands
 from proxy.config.logs import configure_serving_logs
 from proxy.scopes import user_scope
 from proxy.store.location import Location, is_postgres_url
@@ -158,107 +159,52 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return run_migrate(location.data_dir, args.to, batch_rows=args.batch_size)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lcm-proxy",
-        description="OpenAI-compatible reverse proxy with lossless context management.",
-        epilog="Point any OpenAI client at http://HOST:PORT/v1. README.md has the config reference.",
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", "-c", default=_default_config(), metavar="PATH",
+        help=f"YAML config file (default: $LCM_PROXY_CONFIG or {DEFAULT_CONFIG})",
+    )  # fmt: skip
+
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    """The options that find the store an operator command works on."""
+    _add_config(p)
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="the proxy's data directory; no config is read then (compact still reads it for its model)",
     )
-    parser.add_argument("--version", action="version", version=f"lcm-proxy {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p.add_argument(
+        "--database-url", metavar="URL",
+        help="a PostgreSQL store (postgresql://...) instead of the config's; no config is read then",
+    )  # fmt: skip
 
-    def add_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--config", "-c", default=_default_config(), metavar="PATH",
-            help=f"YAML config file (default: $LCM_PROXY_CONFIG or {DEFAULT_CONFIG})",
-        )  # fmt: skip
 
-    def add_store(p: argparse.ArgumentParser) -> None:
-        add_config(p)
-        p.add_argument(
-            "--data-dir",
-            metavar="DIR",
-            help="the proxy's data directory; no config is read then (compact still reads it for its model)",
-        )
-        p.add_argument(
-            "--database-url", metavar="URL",
-            help="a PostgreSQL store (postgresql://...) instead of the config's; no config is read then",
-        )  # fmt: skip
-
+def _add_serving_commands(sub: Any) -> None:
+    """``serve`` and ``check-config``."""
     serve = sub.add_parser("serve", help="run the proxy server", description="Run the proxy server.")
-    add_config(serve)
+    _add_config(serve)
     serve.add_argument("--host", help="bind address (default: general_settings.host; 127.0.0.1 without API keys)")
     serve.add_argument("--port", type=int, help="port (default: general_settings.port, 4000)")
-    serve.add_argument("--workers", type=_at_least_one, default=1, help="worker processes (default: 1)")
+    serve.add_argument("--workers", type=at_least_one, default=1, help="worker processes (default: 1)")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser(
         "check-config", help="validate a config file and summarise it", description="Validate a config file."
     )
     check.add_argument("config_path", nargs="?", metavar="PATH", help="config file (or use --config)")
-    add_config(check)
+    _add_config(check)
     check.set_defaults(func=cmd_check_config)
 
-    listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
-    add_store(listing)
-    listing.add_argument("--tenant", help="only this tenant's conversations")
-    listing.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
-    listing.add_argument(
-        "--limit", type=_at_least_one, default=100, help="at most this many, newest first (default: 100)"
-    )
-    listing.set_defaults(func=cmd_operator)
-    for name, text in (
-        ("show", "show one conversation: its summary DAG and messages"),
-        ("export", "print a conversation's original transcript as JSON (stored files restored)"),
-        ("compact", "run a full compaction sweep on a conversation now"),
-    ):
-        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
-        add_store(p)
-        p.add_argument("--tenant", help="refuse a conversation of another tenant")
-        p.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
-        if name == "compact":
-            p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
-        p.set_defaults(func=cmd_operator)
 
-    grep = sub.add_parser(
-        "grep",
-        help="search a conversation's messages, summaries and stored files",
-        description="Search a conversation (and the conversations it was forked from).",
-    )
-    grep.add_argument("pattern", help="regular expression (or words with --mode full_text)")
-    grep.add_argument(
-        "--conversation", dest="conversation_id", required=True, metavar="ID",
-        help="conversation id or the client's key for it",
-    )  # fmt: skip
-    grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
-    grep.add_argument("--limit", type=_at_least_one, default=20)
-    grep.add_argument("--tenant", help="refuse a conversation of another tenant")
-    grep.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
-    add_store(grep)
-    grep.set_defaults(func=cmd_operator)
-
-    describe = sub.add_parser(
-        "describe",
-        help="show a summary (lineage, content), a stored file or a message",
-        description="Describe a sum_..., file_... or msg_... id.",
-    )
-    describe.add_argument("item_id", metavar="ID")
-    describe.add_argument("--start-line", type=_at_least_one, dest="start_line", help="files: first line (from 1)")
-    describe.add_argument("--end-line", type=_at_least_one, dest="end_line", help="files: last line, inclusive")
-    describe.add_argument("--tenant", help="refuse an id of another tenant")
-    describe.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
-    add_store(describe)
-    describe.set_defaults(func=cmd_operator)
-
-    add_deleting_commands(sub, add_store)
-
+def _add_maintenance_commands(sub: Any) -> None:
+    """``doctor`` and ``migrate``."""
     doctor = sub.add_parser(
         "doctor",
         help="check the database and stored files; exit 1 on any problem",
         description="Check the database and stored files.",
     )
-    add_store(doctor)
+    _add_store(doctor)
     doctor.add_argument(
         "--repair", action="store_true",
         help="first delete files left behind by interrupted requests (safe while the server runs: files it may"
@@ -273,24 +219,28 @@ def build_parser() -> argparse.ArgumentParser:
         " resumes when the same command runs again; rows already in the target are compared, never overwritten."
         " Exit 1 if the counts differ or a payload could not be copied.",
     )  # fmt: skip
-    add_config(migrate)
+    _add_config(migrate)
     migrate.add_argument("--data-dir", metavar="DIR", help="the SQLite store's data directory (default: the config's)")
     migrate.add_argument("--to", required=True, metavar="URL", help="the target: postgresql://USER:PASSWORD@HOST/DB")
     migrate.add_argument(
-        "--batch-size", type=_at_least_one, default=500, metavar="N", help="rows per transaction (default: 500)"
+        "--batch-size", type=at_least_one, default=500, metavar="N", help="rows per transaction (default: 500)"
     )
     migrate.set_defaults(func=cmd_migrate, database_url=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lcm-proxy",
+        description="OpenAI-compatible reverse proxy with lossless context management.",
+        epilog="Point any OpenAI client at http://HOST:PORT/v1. README.md has the config reference.",
+    )
+    parser.add_argument("--version", action="version", version=f"lcm-proxy {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serving_commands(sub)
+    add_reading_commands(sub, _add_store)
+    add_deleting_commands(sub, _add_store)
+    _add_maintenance_commands(sub)
     return parser
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,12 +20,13 @@ from typing import Any
 
 import orjson
 
-from proxy.cli.common import operator_setup
+from proxy.cli.common import at_least_one, operator_setup
+from proxy.config.lcm import LcmSettings
 from proxy.config.settings import ProxyConfig
-from proxy.engine.admin import names_by_key
+from proxy.engine.admin import AdminViews
 from proxy.engine.deletion import Deleted, Deleter
+from proxy.engine.engine import ContextEngine
 from proxy.engine.errors import EngineError, InvalidArgument, NotFound
-from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools
 from proxy.errors import ConfigError, ProxyError
 from proxy.store.base import LONG_RANGE
@@ -52,9 +53,16 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 class Operator:
+    """The operator's commands: the admin service (``proxy.engine.admin.AdminViews``) over every tenant,
+    formatted for a terminal."""
+
     def __init__(self, where: Path | Location) -> None:
         self.location = where if isinstance(where, Location) else Location(where)
         self.store, self.files = self.location.stores()
+        self.views = self._views(LcmSettings())
+
+    def _views(self, settings: LcmSettings) -> AdminViews:
+        return AdminViews(ContextEngine(self.store, self.files, settings), RecallTools(self.store, self.files))
 
     async def __aenter__(self) -> Operator:
         if not self.location.exists():
@@ -67,23 +75,10 @@ class Operator:
 
     async def find(self, name: str, tenant: str | None) -> str:
         """The id of the conversation ``name`` names: its id, else the client's own key for it."""
-        c = await self.store.read.conversation(tenant, name)
-        if c is not None:
-            return c.id
-        if not names_by_key(name):
-            raise NotFound(f"no conversation {name}")
-        if tenant is not None:
-            by_key = [c] if (c := await self.store.read.conversation_by_key(tenant, name)) else []
-        else:
-            by_key = await self.store.read.conversations_by_key(name)
-        if len(by_key) > 1:
-            raise InvalidArgument(f"conversation key {name} is used by several tenants: pass --tenant", param="tenant")
-        if not by_key:
-            raise NotFound(f"no conversation {name}")
-        return by_key[0].id
+        return (await self.views.find(tenant, name)).id
 
     async def conversations(self, tenant: str | None, limit: int) -> str:
-        records = await self.store.read.conversations(tenant, limit)
+        records = await self.views.records(tenant, limit)
         rows = [
             [c.id, c.tenant, str(c.message_count), str(c.token_count), _when(c.updated_at), c.parent_id or ""]
             for c in records
@@ -153,66 +148,40 @@ class Operator:
         return lines
 
     async def compact(self, conversation_id: str, tenant: str | None, model: str | None, config: ProxyConfig) -> str:
-        from proxy.engine.engine import ContextEngine
-        from proxy.relay.summarizer import UpstreamSummarizer
+        """A full sweep now, summarised by ``model``, else lcm_settings.summary_model, else the model the
+        conversation last used; its calls fit that model's window, as the server's do (``ModelPolicy``)."""
+        from proxy.relay.policy import ModelPolicy, router_of
         from proxy.upstream.client import Upstream
-        from proxy.upstream.routing import ModelRouter
 
-        c = await self.store.read.conversation(tenant, conversation_id)
-        if c is None:
-            raise NotFound(f"no conversation {conversation_id}")
+        c = await self.views.find(tenant, conversation_id)
         alias = model or config.lcm_settings.summary_model or c.last_model
         if alias is None:
             raise InvalidArgument("no summary model: pass --model, or set lcm_settings.summary_model", param="model")
-        target = ModelRouter(config.model_list, aliases=config.general_settings.model_group_alias).resolve(alias)
-        summarizer = UpstreamSummarizer(Upstream(config.general_settings), target, config.lcm_settings.summary_timeout)
-        engine = ContextEngine(self.store, self.files, config.lcm_settings)
-        report = await engine.compact(c.id, summarizer)  # waits for a sweep of it in the server (its lease)
+        router = router_of(config)
+        target = router.resolve(alias)
+        upstream = Upstream(config.general_settings)
+        summarizer = ModelPolicy(config, router, upstream, upstream).summarizer(target)
+        # Waits for a sweep of it in the server (its lease).
+        report = await self._views(config.lcm_settings).compact(tenant, c.id, summarizer)
         return (
-            f"compacted {c.id} with {alias}: {report.leaf_passes} leaf and {report.condensed_passes} condensed"
-            f" passes{' (tool results stubbed)' if report.stubbed else ''}, {report.fallbacks} fallback(s),"
-            f" context {report.tokens_before} -> {report.tokens_after} tokens"
-            + (" [summary model refused credentials]" if report.unavailable else "")
-            + (" [conflict: another process compacted meanwhile]" if report.conflict else "")
-            + (" [busy: the server kept compacting it; try again]" if report.busy else "")
+            f"compacted {c.id} with {alias}: {report['leaf_passes']} leaf and {report['condensed_passes']} condensed"
+            f" passes{' (tool results stubbed)' if report['stubbed'] else ''}, {report['fallbacks']} fallback(s),"
+            f" context {report['tokens_before']} -> {report['tokens_after']} tokens"
+            + (" [summary model refused credentials]" if report["unavailable"] else "")
+            + (" [conflict: another process compacted meanwhile]" if report["conflict"] else "")
+            + (" [busy: the server kept compacting it; try again]" if report["busy"] else "")
         )
 
     async def grep(self, pattern: str, conversation_id: str, tenant: str | None, mode: str, limit: int) -> str:
-        c = await self.store.read.conversation(tenant, conversation_id)
-        if c is None:
-            raise NotFound(f"no conversation {conversation_id}")
-        tools = RecallTools(self.store, self.files)
-        scope = await tools.scope(c.tenant, c.id)
-        return await tools.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})  # RecallError: exit 1
+        found = await self.views.grep(tenant, conversation_id, pattern, mode, limit)  # RecallError: exit 1
+        return str(found["result"])
 
     async def describe(self, item_id: str, tenant: str | None, start_line: int | None, end_line: int | None) -> str:
         """Describe a summary, file or message; the scope is the conversation (or tenant) that owns it."""
-        q = self.store.read
-        owner: tuple[str, str] | None = None  # (tenant, conversation)
-        if item_id.startswith("sum_"):
-            summary = await q.summary(item_id)
-            # A deleted conversation kept for its forks owns what they share: the scope walks it as theirs do.
-            conversation = await q.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
-            owner = (conversation.tenant, conversation.id) if conversation else None
-        elif item_id.startswith("file_"):
-            owner = await q.file_owner(tenant, item_id)
-        elif item_id.startswith("msg_") and item_id[4:].isdigit():
-            rows = await q.messages_by_id([int(item_id[4:])])
-            conversation = await q.conversation(tenant, rows[0].conversation_id, deleted=True) if rows else None
-            owner = (conversation.tenant, conversation.id) if conversation else None
-        if owner is None:
-            raise NotFound(f"no summary, file or message {item_id}")
-        tools = RecallTools(self.store, self.files)
-        scope = await tools.scope(*owner)
-        args = {"id": item_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
-        return await tools.run(
-            scope, "lcm_describe", orjson.dumps({k: v for k, v in args.items() if v is not None}).decode()
-        )
+        return await self.views.describe(tenant, item_id, start_line, end_line)
 
     async def export(self, conversation_id: str, tenant: str | None) -> list[Any]:
-        if await self.store.read.conversation(tenant, conversation_id) is None:
-            raise NotFound(f"no conversation {conversation_id}")
-        return await export_conversation(self.store, self.files, tenant, conversation_id)
+        return await self.views.export(tenant, conversation_id)
 
     async def delete(self, conversation_id: str, confirm: Confirm, full: bool) -> str:
         c = await self.store.read.conversation(None, conversation_id)
@@ -328,3 +297,59 @@ def cmd_operator(args: argparse.Namespace) -> int:
         dry_run=getattr(args, "dry_run", False),
         full=getattr(args, "vacuum_full", False),
     )
+
+
+def add_reading_commands(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``conversations``, ``show``, ``export``, ``compact``, ``grep`` and ``describe`` on the CLI's
+    subcommands; ``add_store`` adds the options that find the store."""
+    listing = sub.add_parser("conversations", help="list stored conversations", description="List conversations.")
+    add_store(listing)
+    listing.add_argument("--tenant", help="only this tenant's conversations")
+    listing.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    listing.add_argument(
+        "--limit", type=at_least_one, default=100, help="at most this many, newest first (default: 100)"
+    )
+    listing.set_defaults(func=cmd_operator)
+    for name, text in (
+        ("show", "show one conversation: its summary DAG and messages"),
+        ("export", "print a conversation's original transcript as JSON (stored files restored)"),
+        ("compact", "run a full compaction sweep on a conversation now"),
+    ):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("conversation_id", metavar="ID", help="conversation id (conv_...) or the client's key for it")
+        add_store(p)
+        p.add_argument("--tenant", help="refuse a conversation of another tenant")
+        p.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+        if name == "compact":
+            p.add_argument("--model", help="summary model_name (default: summary_model, else the last one used)")
+        p.set_defaults(func=cmd_operator)
+
+    grep = sub.add_parser(
+        "grep",
+        help="search a conversation's messages, summaries and stored files",
+        description="Search a conversation (and the conversations it was forked from).",
+    )
+    grep.add_argument("pattern", help="regular expression (or words with --mode full_text)")
+    grep.add_argument(
+        "--conversation", dest="conversation_id", required=True, metavar="ID",
+        help="conversation id or the client's key for it",
+    )  # fmt: skip
+    grep.add_argument("--mode", choices=["regex", "full_text"], default="regex")
+    grep.add_argument("--limit", type=at_least_one, default=20)
+    grep.add_argument("--tenant", help="refuse a conversation of another tenant")
+    grep.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    add_store(grep)
+    grep.set_defaults(func=cmd_operator)
+
+    describe = sub.add_parser(
+        "describe",
+        help="show a summary (lineage, content), a stored file or a message",
+        description="Describe a sum_..., file_... or msg_... id.",
+    )
+    describe.add_argument("item_id", metavar="ID")
+    describe.add_argument("--start-line", type=at_least_one, dest="start_line", help="files: first line (from 1)")
+    describe.add_argument("--end-line", type=at_least_one, dest="end_line", help="files: last line, inclusive")
+    describe.add_argument("--tenant", help="refuse an id of another tenant")
+    describe.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
+    add_store(describe)
+    describe.set_defaults(func=cmd_operator)

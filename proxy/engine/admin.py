@@ -1,6 +1,8 @@
-"""Tenant-scoped views for the admin HTTP API (``/lcm/...``): plain dicts, ready for JSON.
+"""The admin service: what the admin HTTP API (``/lcm/...``, ``proxy.wire.admin``) and the operator's commands
+(``proxy.cli.operator``, which formats them for a terminal) both show and do. Plain dicts, ready for JSON.
 
-Every lookup takes the caller's tenant; an id of another tenant is indistinguishable from an unknown one.
+Every lookup takes the caller's tenant; an id of another tenant is indistinguishable from an unknown one. The
+operator, who sees every tenant, passes None.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import orjson
 from proxy import tokens
 from proxy.engine.deletion import Deleter, Scrubber
 from proxy.engine.engine import ContextEngine, RequestSummarizer
-from proxy.engine.errors import NotFound
+from proxy.engine.errors import InvalidArgument, NotFound
+from proxy.engine.ingest import export_conversation
 from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
 from proxy.store.base import reads_for
 from proxy.store.records import ConversationRecord, MessageRecord
+from proxy.types import Messages
 
 MESSAGES_PAGE = 1000  # messages per page of ``GET /lcm/conversations/{id}/messages`` unless ``limit`` says
 MESSAGES_PAGE_MAX = 2000
@@ -69,24 +73,34 @@ class AdminViews:
         self.scrubber = Scrubber(engine.store)  # deletions made here are scrubbed in the background
         self.deleter = Deleter(engine.store, engine.files, self.scrubber)
 
-    async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
+    async def find(self, tenant: str | None, name: str) -> ConversationRecord:
         """The tenant's conversation with this id, else the one its client calls so (the key it sends in
-        ``X-LCM-Conversation-Id``): a client knows its own key, not necessarily the proxy's id."""
-        c = await self.store.read.conversation(tenant, conversation_id)
-        if c is None and names_by_key(conversation_id):
-            c = await self.store.read.conversation_by_key(tenant, conversation_id)
+        ``X-LCM-Conversation-Id``): a client knows its own key, not necessarily the proxy's id. With no tenant
+        (the operator's view of every tenant), a key several tenants use names none of them."""
+        c = await self.store.read.conversation(tenant, name)
+        if c is None and names_by_key(name):
+            if tenant is not None:
+                by_key = [c] if (c := await self.store.read.conversation_by_key(tenant, name)) else []
+            else:
+                by_key = await self.store.read.conversations_by_key(name)
+            if len(by_key) > 1:
+                raise InvalidArgument(
+                    f"conversation key {name} is used by several tenants: pass --tenant", param="tenant"
+                )
+            c = by_key[0] if by_key else None
         if c is None:
-            raise NotFound(f"no conversation {conversation_id}")
+            raise NotFound(f"no conversation {name}")
         return c
 
-    async def find(self, tenant: str, conversation_id: str) -> ConversationRecord:
-        return await self._conversation(tenant, conversation_id)
+    async def records(self, tenant: str | None, limit: int) -> list[ConversationRecord]:
+        """The tenant's conversations (None: every tenant's), most recently active first."""
+        return await self.store.read.conversations(tenant, limit)
 
     async def conversations(self, tenant: str, limit: int) -> dict[str, Any]:
-        return {"data": [_conversation_json(c) for c in await self.store.read.conversations(tenant, limit)]}
+        return {"data": [_conversation_json(c) for c in await self.records(tenant, limit)]}
 
     async def conversation(self, tenant: str, conversation_id: str) -> dict[str, Any]:
-        c = await self._conversation(tenant, conversation_id)
+        c = await self.find(tenant, conversation_id)
         context = await self.store.read.context_summaries(c.id)
         return {**_conversation_json(c), "context_summaries": [s.id for s in context]}
 
@@ -96,7 +110,7 @@ class AdminViews:
         """One page of the conversation's messages: those after seq ``after`` (from the first without it), at
         most ``limit``; ``next`` is the ``after`` of the next page (None: this was the last). Read and built
         off the event loop: a page of large messages is megabytes of JSON."""
-        c = await self._conversation(tenant, conversation_id)
+        c = await self.find(tenant, conversation_id)
         start = 0 if after is None else after + 1
         end = min(c.message_count, start + limit)
         rows = await self.store.search.messages(c.id, start, end) if start < end else []
@@ -107,7 +121,7 @@ class AdminViews:
         """What the last request forwarded (instructions and the auto-recall block excluded), with token counts:
         each summary and raw message marked ``sent`` or not (evicted to fit). Before any assembled request,
         the stored context as the next request would start from."""
-        c = await self._conversation(tenant, conversation_id)
+        c = await self.find(tenant, conversation_id)
         summaries, upto = await self.engine.compactor.view(c, c.message_count)
         recorded = await self.store.read.last_sent(c.id)
         last = orjson.loads(recorded) if recorded else None
@@ -154,31 +168,65 @@ class AdminViews:
         record = await self.store.read.file(tenant, file_id)
         if record is None:
             raise NotFound(f"no file {file_id}")
-        scope = await self.recall.scope(tenant, record.conversation_id or "")
-        args = {"id": file_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
-        text = await self.recall.run(
-            scope, "lcm_describe", orjson.dumps({k: v for k, v in args.items() if v is not None}).decode()
-        )
+        text = await self._described((tenant, record.conversation_id or ""), file_id, start_line, end_line)
         data = asdict(record)
         data.pop("path")  # where it lives on disk is the operator's business, not the API's
         data.pop("tenant")
         return {**data, "described": text}
 
-    async def grep(self, tenant: str, conversation_id: str, pattern: str, mode: str, limit: int) -> dict[str, Any]:
-        c = await self._conversation(tenant, conversation_id)
-        scope = await self.recall.scope(tenant, c.id)
+    async def describe(self, tenant: str | None, item_id: str, start_line: int | None, end_line: int | None) -> str:
+        """``lcm_describe`` of a summary, file or message, in the scope of the conversation (or tenant) that
+        owns it."""
+        q = self.store.read
+        owner: tuple[str, str] | None = None  # (tenant, conversation)
+        if item_id.startswith("sum_"):
+            summary = await q.summary(item_id)
+            # A deleted conversation kept for its forks owns what they share: the scope walks it as theirs do.
+            conversation = await q.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
+            owner = (conversation.tenant, conversation.id) if conversation else None
+        elif item_id.startswith("file_"):
+            owner = await q.file_owner(tenant, item_id)
+        elif item_id.startswith("msg_") and item_id[4:].isdigit():
+            rows = await q.messages_by_id([int(item_id[4:])])
+            conversation = await q.conversation(tenant, rows[0].conversation_id, deleted=True) if rows else None
+            owner = (conversation.tenant, conversation.id) if conversation else None
+        if owner is None:
+            raise NotFound(f"no summary, file or message {item_id}")
+        return await self._described(owner, item_id, start_line, end_line)
+
+    async def _described(
+        self, owner: tuple[str, str], item_id: str, start_line: int | None, end_line: int | None
+    ) -> str:
+        scope = await self.recall.scope(*owner)
+        args = {"id": item_id, "start_line": start_line, "end_line": end_line, "max_bytes": 200000}
+        return await self.recall.run(
+            scope, "lcm_describe", orjson.dumps({k: v for k, v in args.items() if v is not None}).decode()
+        )
+
+    async def grep(
+        self, tenant: str | None, conversation_id: str, pattern: str, mode: str, limit: int
+    ) -> dict[str, Any]:
+        c = await self.find(tenant, conversation_id)
+        scope = await self.recall.scope(c.tenant, c.id)
         # Not through ``run``: a bad pattern or mode is the caller's error (RecallError), not text for a model.
         result = await self.recall.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})
         return {"conversation": c.id, "result": result}
 
-    async def compact(self, tenant: str, conversation_id: str, summarizer: RequestSummarizer | None) -> dict[str, Any]:
-        c = await self._conversation(tenant, conversation_id)
+    async def compact(
+        self, tenant: str | None, conversation_id: str, summarizer: RequestSummarizer | None
+    ) -> dict[str, Any]:
+        c = await self.find(tenant, conversation_id)
         report = await self.engine.compact(c.id, summarizer)  # after a running sweep of it, never beside it
         return {"conversation": c.id, **asdict(report)}
 
+    async def export(self, tenant: str | None, conversation_id: str) -> Messages:
+        """The transcript exactly as the client last sent it, stored files restored."""
+        c = await self.find(tenant, conversation_id)
+        return await export_conversation(self.store, self.engine.files, tenant, c.id)
+
     async def delete(self, tenant: str, conversation_id: str) -> dict[str, Any]:
         """Delete the tenant's conversation (by id or by its client's key): ``proxy.engine.deletion``."""
-        c = await self._conversation(tenant, conversation_id)
+        c = await self.find(tenant, conversation_id)
         return (await self.deleter.delete(tenant, c.id, via="api")).as_json()
 
     def scrub(self, tenant: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 
 from proxy.engine.summarize import SWEEP_MODE
 from proxy.redaction import redact_credentials
+from proxy.relay.calls import Completion
 from proxy.relay.priority import Priority
-from proxy.upstream.client import Upstream
 from proxy.upstream.routing import ResolvedModel
 
 EXPLORE_PROMPT = (
@@ -71,7 +71,7 @@ class UpstreamSummarizer:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: Completion,
         target: ResolvedModel,
         timeout: float,
         window: int | None = None,

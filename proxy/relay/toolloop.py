@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from proxy.engine.recall import RECALL_TOOLS, clip_to_tokens
+from proxy.relay.calls import ChunkStream, ModelCalls
 from proxy.tokens import count_message, count_text
 from proxy.types import ChatBody, Chunk, JSONObject, Message
-from proxy.upstream.client import Upstream, describe_upstream
+from proxy.upstream.errors import describe_upstream
 from proxy.upstream.rounds import Round
 from proxy.upstream.routing import ResolvedModel
 
@@ -116,7 +117,7 @@ def _cost(message: Message) -> int:
 
 class RecallLoop:
     def __init__(
-        self, upstream: Upstream, target: ResolvedModel, run_tool: RunTool, max_rounds: int, room: int
+        self, upstream: ModelCalls, target: ResolvedModel, run_tool: RunTool, max_rounds: int, room: int
     ) -> None:
         self.upstream = upstream
         self.target = target
@@ -204,7 +205,12 @@ class RecallLoop:
         return self._relay(first, body, messages, client_tools, include_usage)
 
     async def _relay(
-        self, stream: Any, body: ChatBody, messages: list[Message], client_tools: list[Any] | None, include_usage: bool
+        self,
+        stream: ChunkStream,
+        body: ChatBody,
+        messages: list[Message],
+        client_tools: list[Any] | None,
+        include_usage: bool,
     ) -> AsyncIterator[Chunk]:
         try:
             async for chunk in self._rounds(stream, body, messages, client_tools, include_usage):
@@ -212,10 +218,15 @@ class RecallLoop:
         finally:
             await self._current.aclose()
 
-    _current: Any
+    _current: ChunkStream
 
     async def _rounds(
-        self, stream: Any, body: ChatBody, messages: list[Message], client_tools: list[Any] | None, include_usage: bool
+        self,
+        stream: ChunkStream,
+        body: ChatBody,
+        messages: list[Message],
+        client_tools: list[Any] | None,
+        include_usage: bool,
     ) -> AsyncIterator[Chunk]:
         client_names = {tool_name(t) for t in client_tools or []}
         usage: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""The upstream provider, reached through LiteLLM. The only module that imports ``litellm``.
+"""The upstream provider, reached through LiteLLM (imported and configured by ``proxy.upstream.loading``).
 
 Three jobs:
 
@@ -30,10 +30,8 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,6 +51,7 @@ from proxy.upstream.errors import (
     request_not_sent,
     translate_exception,
 )
+from proxy.upstream.loading import is_passthrough, load_litellm, without_success_logging
 from proxy.upstream.openai import OPENAI_CALLS, OWN_CLIENT_CALLS, openai_client, unsupported
 from proxy.upstream.params import (
     PLACEHOLDER_KEY,
@@ -63,7 +62,6 @@ from proxy.upstream.params import (
 from proxy.upstream.relay import (
     EMBEDDING_FIELDS,
     Relayed,
-    bound_error_body,
     not_json,
     relay,
     relayable,
@@ -88,103 +86,6 @@ __all__ = [
 log = logging.getLogger("lcm_proxy.upstream")
 # Finishes an attempt with what LiteLLM returned: (deployment, answer, kwargs, timeout) -> the result.
 Opened = Callable[[ResolvedModel, Any, dict[str, Any], float], Awaitable[Any]] | None
-
-_litellm: Any = None
-
-
-def load_litellm() -> Any:
-    """Import LiteLLM once, configured for an offline, quiet, low-overhead proxy."""
-    global _litellm
-    if _litellm is not None:
-        return _litellm
-    # Without these LiteLLM downloads a price list from GitHub at import (5 s x 3 timeouts offline) and
-    # tokenizers from HuggingFace on first use.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("LITELLM_TELEMETRY", "False")
-    import litellm
-
-    tokenizers = Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(tokenizers))
-    litellm.disable_hf_tokenizer_download = True
-    litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners on stdout
-    litellm.telemetry = False
-    litellm.drop_params = False
-    # The embedding call reads max_retries=0 as "unset" and falls back to this (2): no hidden retries.
-    litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]
-    _skip_cost_tracking(litellm)
-    _bound_error_bodies()
-    # LiteLLM logs every call at INFO, through a handler of its own and again through the root logger: two
-    # lines per call in two formats. Its warnings and errors are what an operator needs, in our format.
-    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.setLevel(logging.WARNING)
-        logger.propagate = True
-    _litellm = litellm
-    return litellm
-
-
-def _no_cost(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _skip_cost_tracking(litellm: Any) -> None:
-    """LiteLLM prices every response (and again when a stream ends) against its model map: ~1 ms of CPU per
-    call here, for a figure this proxy never reads. Every pricing path goes through the module attribute
-    ``litellm.response_cost_calculator``; a stand-in that prices nothing leaves ``response_cost`` unset.
-    ``tests/upstream/test_upstream_unit.py`` fails if a LiteLLM upgrade moves the pricing elsewhere."""
-    litellm.response_cost_calculator = _no_cost
-
-
-def _bound_error_bodies() -> None:
-    """Every httpx client LiteLLM builds for its OpenAI-compatible (and Azure) calls gets the response hook
-    ``bound_error_body``: a multi-MB error body is cut before LiteLLM's exception mapping and failure logging
-    scan it on the event loop. ``tests/upstream/test_upstream_bounds.py`` fails if a LiteLLM upgrade moves this."""
-    from litellm.llms.openai.common_utils import BaseOpenAILLM
-
-    build = BaseOpenAILLM._get_async_http_client
-    if getattr(build, "bounds_error_bodies", False):
-        return
-
-    def hooked(*args: Any, **kwargs: Any) -> Any:
-        client = build(*args, **kwargs)
-        if isinstance(client, httpx.AsyncClient) and bound_error_body not in client.event_hooks["response"]:
-            client.event_hooks["response"].append(bound_error_body)
-        return client
-
-    hooked.bounds_error_bodies = True  # type: ignore[attr-defined]
-    BaseOpenAILLM._get_async_http_client = staticmethod(hooked)  # type: ignore[method-assign]
-
-
-@contextmanager
-def _without_success_logging() -> Iterator[None]:
-    """Mark the call as one of LiteLLM's internal calls: it then schedules no asynchronous success-logging task
-    (a standard logging payload built per call for callbacks that this proxy never registers; ~0.5 ms of
-    CPU). Callbacks cannot be configured through lcm-proxy, so nothing is lost."""
-    from litellm._internal_context import is_internal_call
-
-    token = is_internal_call.set(True)
-    try:
-        yield
-    finally:
-        is_internal_call.reset(token)
-
-
-@functools.lru_cache(maxsize=256)
-def _is_passthrough_model(model: str, custom_llm_provider: str | None, api_base: str | None) -> bool:
-    litellm = load_litellm()
-    try:
-        _, provider, _, _ = litellm.get_llm_provider(
-            model=model, custom_llm_provider=custom_llm_provider, api_base=api_base
-        )
-    except Exception:
-        return False
-    return provider == "openai" or provider in litellm.openai_compatible_providers
-
-
-def _is_passthrough(params: dict[str, Any]) -> bool:
-    return _is_passthrough_model(str(params["model"]), params.get("custom_llm_provider"), params.get("api_base"))
-
 
 MAX_UNSENT_RESENDS = 3  # the pooled connections of one burst go idle, and stale, together
 
@@ -235,7 +136,7 @@ class Upstream:
     def probe_windows(self, targets: list[ResolvedModel]) -> None:
         """Ask the servers of the deployments with an ``api_base`` that speaks OpenAI's protocol (llama.cpp,
         vLLM, LM Studio...) for their context size, in the background (``proxy.upstream.windows``)."""
-        self.windows.start(t for t in targets if t.litellm_params.get("api_base") and _is_passthrough(t.litellm_params))
+        self.windows.start(t for t in targets if t.litellm_params.get("api_base") and is_passthrough(t.litellm_params))
 
     def _kwargs(self, target: ResolvedModel, body: ChatBody, stream: bool) -> tuple[dict[str, Any], float]:
         kwargs, timeout = self.call_kwargs(target, stream)
@@ -244,7 +145,7 @@ class Upstream:
             # A real keyword: inside extra_body LiteLLM silently drops the usage chunk.
             kwargs["stream_options"] = copy.deepcopy(body["stream_options"])
         extras = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
-        if _is_passthrough(kwargs):
+        if is_passthrough(kwargs):
             # The real messages ride in extra_body, which the OpenAI SDK merges into the JSON last. LiteLLM
             # and the SDK see none: the SDK's recursive TypedDict transform of ``messages`` costs ~0.14 ms per
             # message (140 ms for 1,000; even a one-message placeholder cost ~0.4 ms), and LiteLLM's rewrites
@@ -329,7 +230,7 @@ class Upstream:
             )
         while True:
             try:
-                with map_litellm_exceptions(timeout, credentials, upstream), _without_success_logging():
+                with map_litellm_exceptions(timeout, credentials, upstream), without_success_logging():
                     if function == "aembedding":
                         return await self._embedding(kwargs, upstream)
                     if function in OPENAI_CALLS:
@@ -372,7 +273,7 @@ class Upstream:
 
         def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
             kwargs, timeout = self.call_kwargs(candidate, stream)
-            if function in OWN_CLIENT_CALLS and _is_passthrough(kwargs):
+            if function in OWN_CLIENT_CALLS and is_passthrough(kwargs):
                 kwargs["client"] = openai_client(kwargs)
             return {**kwargs, **arguments}, timeout
 
@@ -382,7 +283,7 @@ class Upstream:
         """Embeddings, never parsed on the event loop (``proxy.upstream.relay``): relayed as the upstream sends
         them from an OpenAI-compatible deployment, else LiteLLM's synchronous call and its answer's JSON in a
         worker thread."""
-        if _is_passthrough(kwargs) and relayable(kwargs, EMBEDDING_FIELDS):
+        if is_passthrough(kwargs) and relayable(kwargs, EMBEDDING_FIELDS):
             model, provider, key, base = self._litellm.get_llm_provider(
                 model=kwargs["model"], custom_llm_provider=kwargs.get("custom_llm_provider"),
                 api_base=kwargs.get("api_base"),
@@ -415,7 +316,7 @@ class Upstream:
     async def _openai_call(self, function: str, kwargs: dict[str, Any], upstream: str) -> Any:
         """A call LiteLLM has no function for (``proxy.upstream.openai``), to an OpenAI-compatible provider."""
         call, what = OPENAI_CALLS[function]
-        if not _is_passthrough(kwargs):
+        if not is_passthrough(kwargs):
             raise unsupported(what, upstream)
         provider, base = kwargs.get("custom_llm_provider"), kwargs.get("api_base")
         model = self._litellm.get_llm_provider(model=kwargs["model"], custom_llm_provider=provider, api_base=base)[0]
@@ -433,7 +334,7 @@ class Upstream:
             refused.bind(("127.0.0.1", 0))
             api_base = f"http://127.0.0.1:{refused.getsockname()[1]}/v1"
             for stream in (False, True):
-                with contextlib.suppress(Exception), _without_success_logging():
+                with contextlib.suppress(Exception), without_success_logging():
                     await self._litellm.acompletion(
                         model="openai/lcm-proxy-warm-up",
                         messages=[],
@@ -466,7 +367,7 @@ class Upstream:
             upstream = describe_upstream(candidate)
             response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
             credentials = call_credentials(kwargs)
-            if _is_passthrough(kwargs) and isinstance(response, httpx.Response):
+            if is_passthrough(kwargs) and isinstance(response, httpx.Response):
                 chunks = sse_chunks(response, include_usage, credentials, upstream)
             else:
                 chunks = litellm_chunks(wrapper, include_usage)

@@ -18,7 +18,7 @@ else its target's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,7 +26,6 @@ from urllib.parse import urlsplit, urlunsplit
 from proxy.config.models import ModelNames
 from proxy.config.settings import ModelDeployment, ModelGroupAlias
 from proxy.errors import ConfigError, NotFoundError
-from proxy.tokens import token_margin
 
 Tier = tuple["ResolvedModel", ...]  # the deployments of one model group, in model_list order
 
@@ -81,50 +80,6 @@ def upstream_of(deployment: ModelDeployment) -> str:
 def deployment_of(target: ResolvedModel) -> str:
     """The same for a resolved deployment (its wildcard substituted): for log lines, never with a key."""
     return _where(target.upstream_model, target.litellm_params.get("api_base"))
-
-
-def effective_window(target: ResolvedModel, known: Callable[[str], int | None], default: int) -> tuple[int, str]:
-    """The model's input window and where it came from: model_info, else ``known`` (LiteLLM's model map),
-    else ``default`` (lcm_settings.default_context_window)."""
-    if target.max_input_tokens:
-        return target.max_input_tokens, "model_info.max_input_tokens"
-    window = known(target.upstream_model)
-    if window:
-        return window, "LiteLLM's model map; set model_info.max_input_tokens"
-    return default, "lcm_settings.default_context_window"
-
-
-LearnedWindow = Callable[["ResolvedModel"], "tuple[int, str] | None"]
-LearnedMargin = Callable[["ResolvedModel"], "tuple[float, str] | None"]
-
-
-def smallest_window(
-    target: ResolvedModel, known: Callable[[str], int | None], default: int, learned: LearnedWindow | None = None
-) -> tuple[int, str]:
-    """``effective_window`` of the deployment with the smallest one: whichever deployment answers (another of
-    the group, a fallback), what was budgeted for must fit it. ``learned`` gives a deployment's window as its
-    server stated it, when smaller (``proxy.upstream.windows``)."""
-    found = [((learned and learned(c)) or effective_window(c, known, default), c) for c in target.candidates()]
-    (window, source), smallest = min(found, key=lambda f: f[0][0])
-    return window, source + _among(smallest, len(found), "smallest window")
-
-
-def largest_margin(target: ResolvedModel, learned: LearnedMargin | None = None) -> tuple[float, str]:
-    """The largest token margin among the deployments that may answer, and where it came from. ``learned``
-    gives a deployment's margin as measured on its server's refusal, when larger (``proxy.upstream.windows``)."""
-    found = [((learned and learned(c)) or _margin(c), c) for c in target.candidates()]
-    (margin, source), largest = max(found, key=lambda f: f[0][0])
-    return margin, source + _among(largest, len(found), "largest margin")
-
-
-def _margin(target: ResolvedModel) -> tuple[float, str]:
-    return token_margin(target.upstream_model, target.litellm_params.get("api_base"), target.token_margin)
-
-
-def _among(chosen: ResolvedModel, count: int, what: str) -> str:
-    if count == 1:
-        return ""
-    return f" of {chosen.deployment or chosen.alias}, the {what} among the {count} deployments that may answer"
 
 
 class ModelRouter(ModelNames[ModelDeployment]):

@@ -15,8 +15,8 @@ window then forwards requests the server refuses, turn after turn. The proxy lea
 
 What is learned is kept per deployment (a ``model_list`` entry and the model it calls), in memory: each worker
 process learns for itself, by its own probe or, at worst, one refusal (which is retried within the new window,
-so no client sees it). ``proxy.wire.state.AppState.window_of`` uses a learned size only when it is smaller than the
-configured one: the proxy never widens a window on a server's word.
+so no client sees it). ``proxy.relay.policy.ModelPolicy.window_of`` uses a learned size only when it is smaller
+than the configured one: the proxy never widens a window on a server's word.
 """
 
 from __future__ import annotations

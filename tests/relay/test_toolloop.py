@@ -1,10 +1,9 @@
-"""The recall loop alone, with a scripted upstream: chunk shapes real providers send."""
+"""The recall loop alone, with a scripted upstream in process (``tests.support.upstream``): chunk shapes real
+providers send."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,35 +11,10 @@ import pytest
 from proxy.errors import UpstreamError
 from proxy.relay.toolloop import RecallLoop
 from proxy.upstream.routing import ResolvedModel
+from tests.support.upstream import ScriptedUpstream
 
 TARGET = ResolvedModel("m", {"model": "openai/m"}, None, None)
 BASE = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-
-
-class ScriptedUpstream:
-    """Streamed rounds (lists of chunks) for ``open_stream``, or JSON results for ``complete``."""
-
-    def __init__(self, rounds: list[Any]) -> None:
-        self.rounds = rounds
-        self.requests: list[dict[str, Any]] = []
-
-    async def complete(self, target: ResolvedModel, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(copy.deepcopy(body))  # as sent: the loop's message list grows afterwards
-        return copy.deepcopy(self.rounds.pop(0))  # type: ignore[no-any-return]
-
-    async def open_stream(self, target: ResolvedModel, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self.requests.append(copy.deepcopy(body))
-        chunks = self.rounds.pop(0)
-
-        class Stream:
-            async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-                for chunk in chunks:
-                    yield chunk
-
-            async def aclose(self) -> None:
-                pass
-
-        return Stream()  # type: ignore[return-value]
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -63,7 +37,7 @@ def test_finish_in_the_same_chunk_as_a_client_tool_call() -> None:
     call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     upstream = ScriptedUpstream([[chunk({"role": "assistant"}), chunk({"tool_calls": [call]}, finish="tool_calls")]])
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
-    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools)  # type: ignore[arg-type]
+    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools)
     finishes = [c["choices"][0]["finish_reason"] for c in out if c["choices"][0].get("finish_reason")]
     assert finishes == ["tool_calls"]
     assert [
@@ -90,7 +64,7 @@ def test_text_before_a_recall_call_is_sent_once_and_role_once() -> None:
     )
     out = collect(
         RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [{"role": "user", "content": "q"}]}
-    )  # type: ignore[arg-type]
+    )
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in out) == "Let me look. Found it."
     assert sum(1 for c in out if "role" in c["choices"][0]["delta"]) == 1
     assert [c["choices"][0]["finish_reason"] for c in out if c["choices"][0].get("finish_reason")] == ["stop"]
@@ -109,7 +83,7 @@ def test_content_tool_call_and_finish_in_one_chunk() -> None:
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     out = collect(
         RecallLoop(ScriptedUpstream([[one]]), TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools
-    )  # type: ignore[arg-type]
+    )
     kinds = [
         "content"
         if c["choices"][0]["delta"].get("content")
@@ -131,7 +105,7 @@ def test_ids_come_from_the_first_answer_chunk_not_an_empty_preamble() -> None:
     last = {**real, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     out = collect(
         RecallLoop(ScriptedUpstream([[preamble, first, last]]), TARGET, run_tool, 3, room=5000), {"messages": []}
-    )  # type: ignore[arg-type]
+    )
     assert [(c["id"], c["object"], c["model"]) for c in out] == [("chatcmpl-real", "chat.completion.chunk", "m")] * 2
 
 
@@ -146,7 +120,7 @@ def test_tools_that_are_not_functions_do_not_break_the_loop() -> None:
     upstream = ScriptedUpstream(
         [[chunk({"tool_calls": [grep]}, finish="tool_calls")], [chunk({"content": "done"}), chunk({}, finish="stop")]]
     )
-    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), offered, odd)  # type: ignore[arg-type]
+    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), offered, odd)
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in out) == "done"
     assert upstream.requests[1]["messages"][-1]["content"] == "result of lcm_grep"
 
@@ -177,7 +151,7 @@ def test_recall_calls_past_the_per_round_cap_are_not_run() -> None:
             [chunk({"content": "ok"}, finish="stop")],
         ]
     )
-    out = collect(RecallLoop(upstream, TARGET, counting_tool, 3, room=100_000), {"messages": []})  # type: ignore[arg-type]
+    out = collect(RecallLoop(upstream, TARGET, counting_tool, 3, room=100_000), {"messages": []})
     assert len(ran) == MAX_CALLS_PER_ROUND < len(calls)
     results = [m for m in upstream.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in results].count("found") == MAX_CALLS_PER_ROUND
@@ -217,7 +191,7 @@ def test_text_in_the_finish_chunk_of_a_recall_round_is_relayed_and_sent_back() -
     )
     out = collect(
         RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [{"role": "user", "content": "q"}]}
-    )  # type: ignore[arg-type]
+    )
     assert relayed_text(out) == "Let me look. Found it."
     assert [c["choices"][0]["finish_reason"] for c in out if c["choices"][0].get("finish_reason")] == ["stop"]
     call_message = upstream.requests[1]["messages"][1]
@@ -246,7 +220,7 @@ def test_parallel_recall_calls_are_not_merged(index: Any) -> None:
         ran.append((name, arguments))
         return f"result of {name}"
 
-    out = collect(RecallLoop(upstream, TARGET, recording_tool, 3, room=5000), {"messages": []})  # type: ignore[arg-type]
+    out = collect(RecallLoop(upstream, TARGET, recording_tool, 3, room=5000), {"messages": []})
     assert ran == [("lcm_grep", '{"pattern": "x"}'), ("lcm_describe", '{"id": "s_1"}')]
     assert relayed_text(out) == "done" and relayed_calls(out) == []
     call_message, *results = upstream.requests[1]["messages"]
@@ -261,7 +235,7 @@ def test_recall_calls_mixed_with_a_client_call_never_reach_the_client() -> None:
     upstream = ScriptedUpstream(
         [[chunk({"tool_calls": [grep]}), chunk({"tool_calls": [weather]}, finish="tool_calls")]]
     )
-    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools)  # type: ignore[arg-type]
+    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": [], "tools": tools}, tools)
     assert relayed_calls(out) == [{**weather, "index": 0}]
     assert [c["choices"][0]["finish_reason"] for c in out if c["choices"][0].get("finish_reason")] == ["tool_calls"]
 
@@ -278,7 +252,7 @@ def test_recall_calls_mixed_with_a_client_call_never_reach_the_client() -> None:
 def test_malformed_stream_data_is_a_bad_stream_not_an_internal_error(bad: dict[str, Any]) -> None:
     upstream = ScriptedUpstream([[chunk({"role": "assistant", "content": "Hi"}), chunk({"tool_calls": [bad]})]])
     with pytest.raises(UpstreamError) as info:
-        collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": []})  # type: ignore[arg-type]
+        collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": []})
     assert (info.value.status, info.value.code) == (502, "upstream_bad_stream")
     assert "for model 'm'" in info.value.message
 
@@ -305,7 +279,7 @@ def result(content: str | None, calls: list[dict[str, Any]] | None = None, **ext
     ids=["function_null", "name_a_number", "choices_a_string"],
 )
 def test_malformed_result_is_a_bad_gateway_naming_the_upstream(bad: dict[str, Any]) -> None:
-    loop = RecallLoop(ScriptedUpstream([bad]), TARGET, run_tool, 3, room=5000)  # type: ignore[arg-type]
+    loop = RecallLoop(ScriptedUpstream([bad]), TARGET, run_tool, 3, room=5000)
     with pytest.raises(UpstreamError) as info:
         asyncio.run(loop.complete({"messages": []}, None))
     assert (info.value.status, info.value.code) == (502, "upstream_bad_response")
@@ -326,9 +300,9 @@ def test_no_room_means_nothing_appended_and_a_final_round_without_recall_tools()
             [chunk({"content": "From memory."}, finish="stop")],
         ]
     )
-    out = collect(RecallLoop(streamed, TARGET, run_tool, 3, room=0), body)  # type: ignore[arg-type]
+    out = collect(RecallLoop(streamed, TARGET, run_tool, 3, room=0), body)
     plain = ScriptedUpstream([result(None, [GREP]), result("From memory.")])
-    answer = asyncio.run(RecallLoop(plain, TARGET, run_tool, 3, room=0).complete(body, None))  # type: ignore[arg-type]
+    answer = asyncio.run(RecallLoop(plain, TARGET, run_tool, 3, room=0).complete(body, None))
     assert relayed_text(out) == "From memory." == answer["choices"][0]["message"]["content"]
     for upstream in (streamed, plain):
         first, second = upstream.requests
@@ -354,11 +328,44 @@ def test_no_round_exceeds_the_room(room: int, stream: bool) -> None:
         upstream = ScriptedUpstream([[call_chunk] for _ in range(4)] + [[chunk({"content": "ok"}, finish="stop")]])
         collect(
             RecallLoop(upstream, TARGET, flooding_tool, 5, room=room), {"messages": [{"role": "user", "content": "q"}]}
-        )  # type: ignore[arg-type]
+        )
     else:
         upstream = ScriptedUpstream([result("Looking. ", calls) for _ in range(4)] + [result("ok")])
-        loop = RecallLoop(upstream, TARGET, flooding_tool, 5, room=room)  # type: ignore[arg-type]
+        loop = RecallLoop(upstream, TARGET, flooding_tool, 5, room=room)
         asyncio.run(loop.complete({"messages": [{"role": "user", "content": "q"}]}, None))
     base = count_messages(upstream.requests[0]["messages"])
     assert all(count_messages(r["messages"]) - base <= room for r in upstream.requests)
     assert len(upstream.requests) >= 2  # the loop did go on (a final round at the least)
+
+
+def test_a_recall_round_is_run_by_the_proxy_and_the_client_gets_one_answer() -> None:
+    """Answered in full: the recall call is run, its result sent back on the proxy's own copy of the messages,
+    and the client receives the final answer alone, with the usage of both rounds."""
+    ran: list[tuple[str, str]] = []
+
+    async def recording_tool(name: str, arguments: str) -> str:
+        ran.append((name, arguments))
+        return "the launch moved to May"
+
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    upstream = ScriptedUpstream([result(None, [GREP], usage=usage), result("It moved to May.", usage=usage)])
+    body = {"messages": [{"role": "user", "content": "when is the launch?"}]}
+    answer = asyncio.run(RecallLoop(upstream, TARGET, recording_tool, 3, room=5000).complete(body, None))
+    assert ran == [("lcm_grep", '{"pattern": "x"}')]
+    message = answer["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "It moved to May."}
+    assert answer["usage"] == {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}
+    second = upstream.requests[1]["messages"]
+    assert second[:1] == body["messages"] and len(body["messages"]) == 1  # the client's own list is not extended
+    assert second[1]["tool_calls"] == [GREP] and second[2] == {
+        "role": "tool",
+        "tool_call_id": "r1",
+        "content": "the launch moved to May",
+    }
+
+
+def test_the_upstream_stream_is_closed_once_when_the_relay_ends() -> None:
+    upstream = ScriptedUpstream([[chunk({"role": "assistant", "content": "Hi."}, finish="stop")]])
+    out = collect(RecallLoop(upstream, TARGET, run_tool, 3, room=5000), {"messages": []})
+    assert relayed_text(out) == "Hi."
+    assert [s.closed for s in upstream.streams] == [1]

@@ -279,12 +279,12 @@ def test_the_budget_uses_the_smallest_window_of_the_group_and_its_fallbacks(
     ]
     proxy = proxy_factory(models=models, fallbacks=[{"solo": ["tiny"]}])
     state = proxy.app.state.lcm
-    assert state.window_of(state.router.resolve("pair")) == (
+    assert state.policy.window_of(state.router.resolve("pair")) == (
         4096,
         "model_info.max_input_tokens of model_list[3], the smallest window among the 2 deployments that may answer",
     )
-    assert state.window_of(state.router.resolve("solo"))[0] == 2048  # a fallback may answer too
-    assert state.window_of(state.router.resolve("tiny")) == (2048, "model_info.max_input_tokens")
+    assert state.policy.window_of(state.router.resolve("solo"))[0] == 2048  # a fallback may answer too
+    assert state.policy.window_of(state.router.resolve("tiny")) == (2048, "model_info.max_input_tokens")
     # An answer of 5,000 tokens fits A's window, not B's: refused before any upstream call, B might answer it.
     with pytest.raises(openai.BadRequestError) as info:
         client(proxy).chat.completions.create(

@@ -16,7 +16,6 @@ from starlette.routing import Route
 from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.errors import InvalidRequestError, PermissionDeniedError
 from proxy.scopes import user_scope
-from proxy.upstream.routing import effective_window
 from proxy.wire.auth import request_user
 from proxy.wire.http import JSONResponse
 
@@ -116,7 +115,7 @@ async def grep(request: Request, state: AppState, tenant: str) -> dict[str, Any]
 async def compact(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
     record = await state.admin.find(tenant, request.path_params["id"])
     model = request.query_params.get("model") or state.config.lcm_settings.summary_model or record.last_model
-    summarizer = state.summarizer_for(state.router.resolve(model)) if model else None
+    summarizer = state.policy.summarizer_for(state.router.resolve(model)) if model else None
     return await state.admin.compact(tenant, record.id, summarizer)
 
 
@@ -140,15 +139,15 @@ async def models(request: Request) -> Response:
     window and the one its server stated (``proxy.upstream.windows``). Configuration, not a tenant's data: any key."""
     state: AppState = request.app.state.lcm
     state.auth.caller(request)
-    default = state.config.lcm_settings.default_context_window
+    policy = state.policy
     data = []
     for name in state.router.public_names():
         target = state.router.resolve(name)
-        window, source = state.window_of(target)
+        window, source = policy.window_of(target)
         deployments = []
         for candidate in target.candidates():
-            configured, configured_source = effective_window(candidate, state.upstream.context_window, default)
-            learned = state.upstream.windows.get(candidate)
+            configured, configured_source = policy.configured_window(candidate)
+            learned = policy.server_window(candidate)
             deployments.append(
                 {
                     "deployment": candidate.deployment,

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from proxy.errors import ProxyError, UpstreamError
-from proxy.wire.chat.routes import Answer, _relay
+from proxy.wire.chat.answer import Answer, relay_sse
 from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
 
@@ -148,11 +148,11 @@ async def _collect(stream: AsyncIterator[bytes]) -> list[bytes]:
 
 def test_only_a_stream_that_reached_its_finish_is_kept_as_the_answer() -> None:
     complete, cut = Answer(), Answer()
-    sent = asyncio.run(_collect(_relay(_chunks(_delta("Hel"), _delta("lo", "stop")), answer=complete)))
+    sent = asyncio.run(_collect(relay_sse(_chunks(_delta("Hel"), _delta("lo", "stop")), answer=complete)))
     assert sent[-1] == b"data: [DONE]\n\n"
     assert complete.message == {"role": "assistant", "content": "Hello"}
     broken = _chunks(_delta("Hel"), error=UpstreamError("cut", code="upstream_stream_truncated"))
-    sent = asyncio.run(_collect(_relay(broken, answer=cut)))
+    sent = asyncio.run(_collect(relay_sse(broken, answer=cut)))
     assert b"upstream_stream_truncated" in sent[-1]
     assert cut.message is None
 

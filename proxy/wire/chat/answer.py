@@ -1,0 +1,90 @@
+"""The answer on its way to the client: relayed chunk by chunk as SSE (``relay_sse``, ``streaming``), and kept
+(``Answer``) as the conversation's newest message before the response ends."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from proxy.errors import InternalError
+from proxy.types import Chunk
+from proxy.upstream.rounds import DEFAULT_SOURCE, Round
+from proxy.wire.http import REPORTED, to_proxy_error
+from proxy.wire.sse import DONE, sse_event
+
+log = logging.getLogger("lcm_proxy.wire")
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class Answer:
+    """The answer the client received, once complete, handed to ``record`` (which stores it as the
+    conversation's newest message) before the response ends: once a client has its answer, so has the store."""
+
+    def __init__(self, record: Callable[[Any], Awaitable[None]] | None = None) -> None:
+        self.record = record
+        self.message: Any = None
+
+    async def keep(self, message: Any) -> None:
+        self.message = message
+        if self.record is not None:
+            await self.record(message)
+
+    async def keep_result(self, result: dict[str, Any]) -> None:
+        """A non-streamed answer: kept when it has exactly one choice (with several there is no one answer)."""
+        choices = result.get("choices")
+        if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
+            await self.keep(choices[0].get("message"))
+
+
+def streaming(
+    chunks: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None, leave: Callable[[], None]
+) -> StreamingResponse:
+    response = StreamingResponse(
+        chunks, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
+    )
+    # The relay ends the request's turn when it finishes; should it never start (the client left before the
+    # first byte), the response's collection does.
+    weakref.finalize(response, leave)
+    return response
+
+
+async def relay_sse(
+    stream: AsyncIterable[Chunk],
+    on_delta: Callable[[Any], None] | None = None,
+    leave: Callable[[], None] | None = None,
+    answer: Answer | None = None,
+    source: str = DEFAULT_SOURCE,
+) -> AsyncIterator[bytes]:
+    """Relay chunks as SSE. After the first byte the status is sent, so errors become an error event.
+    ``on_delta`` sees each choice's delta (to learn which models make structured tool calls); ``leave`` runs
+    when the stream is over, however it ends; ``answer`` keeps what the client received when the stream
+    reached its end, before ``[DONE]``. Every chunk is read as the recall loop reads it (``source`` names the
+    upstream): an answer the ``Round`` finds malformed (two calls under one id, a call without a name) ends
+    with ``upstream_bad_stream`` in place of the chunk that showed it, as it is a 502 when not streamed."""
+    collected = Round(source)
+    try:
+        async for chunk in stream:
+            if on_delta is not None:
+                for choice in chunk.get("choices") or []:
+                    on_delta(choice.get("delta") if isinstance(choice, dict) else None)
+            collected.add(chunk)
+            yield sse_event(chunk)
+    except REPORTED as error:
+        yield sse_event(to_proxy_error(error).to_json())
+        return
+    except Exception:
+        log.exception("unexpected error while streaming")
+        yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
+        return
+    finally:
+        if leave is not None:
+            leave()
+    if answer is not None and collected.finish_reason is not None:
+        await answer.keep(collected.message())
+    yield DONE
