@@ -11,13 +11,24 @@ import secrets
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from proxy.store.files.disk import private_dir, sync
 
 if TYPE_CHECKING:
     from proxy.store.base import Writes
-    from proxy.store.files.store import FileStore
+
+
+class Addresses(Protocol):
+    """What a batch needs of its ``FileStore`` (``proxy.store.files.store``, which makes the batches)."""
+
+    data_dir: Path
+    root: Path
+    pending_dir: Path
+
+    def digest(self, data: bytes) -> str: ...
+    def relative_path(self, scope: str, sha256: str) -> str: ...
+    def prepare_pending(self) -> None: ...
 
 
 class BatchClosedError(Exception):
@@ -29,7 +40,7 @@ class FileBatch:
     the ones a transaction stores, ``discard`` the rest. ``write``, ``publish`` and ``discard`` block: call
     them in a worker thread, once per batch of files (never once per file on the event loop)."""
 
-    def __init__(self, store: FileStore, scope: str) -> None:
+    def __init__(self, store: Addresses, scope: str) -> None:
         self.store = store
         self.scope = scope
         self._lock = threading.Lock()
