@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from proxy.scopes import user_scope
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 ACME_KEY = "sk-proxy-acme-31f0aa"
 OTHER_KEY = "sk-proxy-other-77c1bb"
@@ -165,7 +165,7 @@ def test_a_user_field_of_the_wrong_type_is_a_400_naming_it(proxy: RunningProxy) 
 def test_the_cli_names_an_end_user_and_deletes_everything_of_theirs(proxy: RunningProxy) -> None:
     """A privacy request for one end user: ``purge --tenant T --user U --yes`` deletes that user's
     conversations and nobody else's, reading the same scopes the chat requests wrote."""
-    from tests.cli.test_cli import run
+    from tests.support.cli import run
 
     opening = [{"role": "user", "content": OPENING}]
     _, grace = chat(proxy, ACME_KEY, opening, user="grace")

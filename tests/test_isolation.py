@@ -22,10 +22,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.cli.test_cli import console_script
-from tests.conftest import RunningProxy
+from tests.support.cli import console_script
 from tests.support.fakes import FakeUpstream
-from tests.test_security import ToolModel, is_summary_request
+from tests.support.proxies import RunningProxy
+from tests.support.tool_model import ToolModel, is_summary_request
 
 PRIVATE = "LANTERNFISH4471"  # Alice's private fact, in a message and (through the summarizer) in a summary
 FILE_PRIVATE = "KESTREL9150"  # in Alice's stored file

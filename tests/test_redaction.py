@@ -27,8 +27,8 @@ import pytest
 
 from proxy.engine.explore import redact_secrets
 from proxy.upstream.client import load_litellm, translate_exception
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 
 REPO = Path(__file__).resolve().parent.parent
 

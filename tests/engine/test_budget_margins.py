@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 from proxy import tokens
-from tests.conftest import RunningProxy
-from tests.engine.test_tokens import CODE
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 from tests.support.sim import ScriptedModel, forwarded_tokens, is_summary_request
+from tests.support.transcripts import CODE
 
 WINDOW = 8000
 MAX_TOKENS = 400

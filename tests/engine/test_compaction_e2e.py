@@ -11,28 +11,20 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import RunningProxy
-from tests.engine.test_compaction_sim import MAX_TOKENS, WINDOW, start_sim_proxy
 from tests.support import REPO
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 from tests.support.sim import (
+    MAX_TOKENS,
+    WINDOW,
     ScriptedModel,
     check_tool_pairing,
     forwarded_tokens,
     is_summary_request,
+    start_sim_proxy,
     without_recall,
 )
-
-
-def long_history(turns: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": "Be helpful."}]
-    for i in range(turns):
-        out.append({"role": "user", "content": f"Question {i}: " + "tell me more about the design of the system. " * 8})
-        out.append(
-            {"role": "assistant", "content": f"Answer {i}: " + "the design has several layers and invariants. " * 8}
-        )
-    out.append({"role": "user", "content": "What did we decide?"})
-    return out
+from tests.support.transcripts import long_history
 
 
 def post(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:

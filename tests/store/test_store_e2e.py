@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import openai
 
-from tests.conftest import RunningProxy
 from tests.support import REPO
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 
 def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:

@@ -32,8 +32,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.upstream.errors import MAX_RETRY_AFTER
-from tests.conftest import UPSTREAM_KEY, make_config
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, make_config
 from tests.support.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the acceptance bound

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from proxy.config.settings import GeneralSettings
-from tests.conftest import UPSTREAM_KEY
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import UPSTREAM_KEY
 
 KEYS = [{"key": "sk-proxy-alice-000000", "tenant": "alice"}, {"key": "sk-proxy-bob-1111111", "tenant": "bob"}]
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}

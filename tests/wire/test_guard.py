@@ -19,10 +19,10 @@ from proxy.app import create_app
 from proxy.config.loading import parse_config
 from proxy.errors import ConfigError
 from proxy.wire.guard import Hosts, split_host
-from tests.conftest import RunningProxy, make_config
-from tests.engine.test_compaction_e2e import long_history
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy, make_config
 from tests.support.servers import serve_in_thread
+from tests.support.transcripts import long_history
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 EVIL = "http://evil.example"

@@ -14,11 +14,11 @@ import pytest
 
 from proxy.cli.doctor import run_doctor
 from proxy.store.location import Location
-from tests.engine.test_compaction_e2e import long_history
 from tests.support import REPO
 from tests.support.engine import execute, rows
 from tests.support.fakes import FakeUpstream
 from tests.support.sim import ScriptedModel
+from tests.support.transcripts import long_history
 
 ALICE = {"authorization": "Bearer sk-alice-0000000"}
 BOB = {"authorization": "Bearer sk-bob-11111111"}

@@ -22,10 +22,11 @@ from proxy.store.location import Location
 from proxy.store.records import SummaryRecord
 from proxy.wire.chat import validation
 from proxy.wire.chat.validation import MAX_DEPTH, validate_chat_request
-from tests.conftest import RunningProxy
-from tests.engine.test_compaction import BIG, long_turns, open_context_engine
+from tests.support.compaction import BIG, long_turns, open_context_engine
 from tests.support.engine import execute, rows
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.lookalikes import as_read
+from tests.support.proxies import RunningProxy
 from tests.support.sim import is_summary_request
 
 USER = {"role": "user", "content": "hi"}
@@ -484,23 +485,6 @@ def test_model_written_exploration_summaries_lose_instruction_overrides() -> Non
 # forged excerpt labels in the middle of a line; instruction overrides. Each is checked on what a model would
 # read: the test folds the text its own way (NFKC, invisible characters dropped, a few look-alikes mapped),
 # independently of proxy.engine.neutralise.
-
-_INVISIBLE = {"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u202e", "\u202d", "\u2066", "\u2069"}
-_READS_AS = str.maketrans(
-    {"\u0456": "i", "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0441": "c", "\u0440": "p",
-     "\u2039": "<", "\u203a": ">", "\u27e8": "<", "\u27e9": ">", "\u2329": "<", "\u232a": ">", "\u3008": "<",
-     "\u3009": ">", "\uff3b": "[", "\u0455": "s", "\u057d": "u",
-     "\u13da": "S", "\u1d1c": "u", "\u043c": "m", "\u0251": "a", "\u0433": "r"}
-)  # fmt: skip
-
-
-def as_read(text: str) -> str:
-    """What a model reads in ``text``: look-alikes as the letters they pass for, invisible characters gone."""
-    import unicodedata
-
-    kept = "".join(c for c in text if c not in _INVISIBLE and unicodedata.category(c) not in ("Cf", "Mn", "Me"))
-    decomposed = unicodedata.normalize("NFKD", kept)  # accents and combining strokes split off, then dropped
-    return "".join(c for c in decomposed if unicodedata.category(c) not in ("Mn", "Me")).translate(_READS_AS)
 
 
 def tags(text: str, name: str) -> tuple[int, int]:

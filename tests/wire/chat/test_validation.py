@@ -9,8 +9,8 @@ import pytest
 
 from proxy.errors import InvalidRequestError
 from proxy.wire.chat.validation import validate_chat_request
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 USER = {"role": "user", "content": "hi"}
 

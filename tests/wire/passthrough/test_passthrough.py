@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 
 PROXY_KEY = "sk-proxy-client-key-0001"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
