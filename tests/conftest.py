@@ -166,6 +166,18 @@ def app_proxy(app_factory: Any) -> AppProxy:
     return app_factory()  # type: ignore[no-any-return]
 
 
+@pytest.fixture(scope="module")
+def module_app_proxy(
+    fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AppProxy]:
+    """One in-process proxy for all of a module's tests, for tests whose requests store nothing (refused ones):
+    the app's start-up, not the request, is most of such a test's time."""
+    config = make_config(fake_upstream_server[1], tmp_path_factory.mktemp("data"))
+    with in_process(config) as proxy:
+        yield proxy
+    assert_doctor_passes([config.general_settings.location()])
+
+
 @pytest.fixture
 def isolated_env(tmp_path: Path) -> dict[str, str]:
     """An environment for ``lcm-proxy`` commands with no OpenAI or LCM_ variables, and a data home of its own."""

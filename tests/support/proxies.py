@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from starlette.testclient import TestClient
 
 from proxy.app import create_app
 from proxy.cli.doctor import run_doctor
@@ -21,6 +20,10 @@ from proxy.config.loading import parse_config
 from proxy.config.settings import ProxyConfig
 from proxy.store.location import Location
 from tests.support.servers import serve_in_thread
+
+with warnings.catch_warnings():  # its note that it prefers httpx2: httpx is the client the proxy and the SDK use
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 # The in-process proxy's address: a loopback Host, which ``proxy.wire.guard`` serves as it does a real one's.
