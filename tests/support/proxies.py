@@ -27,7 +27,7 @@ with warnings.catch_warnings():  # its note that it prefers httpx2: httpx is the
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 # The in-process proxy's address: a loopback Host, which ``proxy.wire.guard`` serves as it does a real one's.
-IN_PROCESS_URL = "http://127.0.0.1"
+IN_PROCESS_URL = "http://127.0.0.1:4000"
 
 
 def make_config(
