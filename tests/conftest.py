@@ -46,8 +46,6 @@ SLOW = (
     "test_replicas.py::test_identical_first_requests_on_three_replicas_create_one_conversation",
     "test_replicas.py::test_replicas_load_run_with_one_killed_loses_nothing",
     "test_deployments.py::test_litellms_documented_config_",
-    "test_deletion.py::test_delete_and_purge_on_the_command_line",
-    "test_end_users.py::test_the_cli_names_an_end_user_and_deletes_everything_of_theirs",
     "test_serving.py::test_a_dead_worker_is_replaced_and_said_at_warning",
     "test_long_history.py",
     "test_server_window.py::test_a_real_llama_cpp_",

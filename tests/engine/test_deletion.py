@@ -11,8 +11,7 @@ import os
 import pty
 import re
 import subprocess
-import sys
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import openai
@@ -28,7 +27,7 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools
 from proxy.store.location import Location
 from proxy.store.sqlite.store import SQLiteStore
-from tests.support import REPO
+from tests.support.cli import main as in_process_cli
 from tests.support.deletion import Echo, holding, open_engine, prepare, turns
 from tests.support.engine import assistant, execute, located, rows, run, user
 
@@ -452,11 +451,8 @@ def test_delete_and_purge_on_the_command_line(where: Location, capsys: pytest.Ca
         store_args += ["--database-url", where.database_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
 
-    def cli(*args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "proxy", *args, *store_args],
-            capture_output=True, text=True, timeout=60, env=env, cwd=REPO, stdin=stdin,
-        )  # fmt: skip
+    def cli(*args: str, stdin: str | IO[str] = "") -> subprocess.CompletedProcess[str]:
+        return in_process_cli(*args, *store_args, env=env, stdin=stdin)
 
     async def live() -> set[str]:
         store, _ = where.stores()
@@ -483,10 +479,11 @@ def test_delete_and_purge_on_the_command_line(where: Location, capsys: pytest.Ca
     # A terminal gets a question; anything but yes deletes nothing.
     controller, terminal = pty.openpty()
     try:
-        os.write(controller, b"n\n")
-        declined = cli("delete", made["asked"], stdin=terminal)
-        os.write(controller, b"y\n")
-        confirmed = cli("delete", made["asked"], stdin=terminal)
+        with open(terminal, closefd=False) as tty:
+            os.write(controller, b"n\n")
+            declined = cli("delete", made["asked"], stdin=tty)
+            os.write(controller, b"y\n")
+            confirmed = cli("delete", made["asked"], stdin=tty)
     finally:
         os.close(controller)
         os.close(terminal)

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 from unittest import mock
 
 from proxy.cli.main import main as cli_main
@@ -93,16 +94,17 @@ def _fresh_audit_logger() -> Iterator[None]:
 
 
 def main(
-    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, stdin: str = ""
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, stdin: str | IO[str] = ""
 ) -> subprocess.CompletedProcess[str]:
     """``lcm-proxy ARGS`` in this process: ``env`` replaces the environment when given (as ``run``'s does),
-    stdin is ``stdin`` (not a terminal), and argparse's exits are the return code."""
+    stdin reads ``stdin`` (a text, not a terminal; or an open file such as a pseudo-terminal), and argparse's
+    exits are the return code."""
     out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.dict(os.environ, env or {}, clear=env is not None))
         stack.enter_context(contextlib.chdir(cwd))
         stack.enter_context(_fresh_audit_logger())
-        stack.enter_context(mock.patch.object(sys, "stdin", io.StringIO(stdin)))
+        stack.enter_context(mock.patch.object(sys, "stdin", io.StringIO(stdin) if isinstance(stdin, str) else stdin))
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
         try:
