@@ -111,17 +111,11 @@ def upstream_url(fake_upstream_server: tuple[FakeUpstream, str]) -> str:
 
 
 def _proxies(
-    open_proxy: Callable[[ProxyConfig], contextlib.AbstractContextManager[Any]],
-    upstream_url: str,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
+    open_proxy: Callable[[ProxyConfig], contextlib.AbstractContextManager[Any]], upstream_url: str, data_root: Path
 ) -> Iterator[Callable[..., Any]]:
     """``start(lcm, models, *, where=None, **general)``: a proxy with a fresh data dir each, closed after the
-    test, whose databases must then pass doctor. ``where=`` (the ``where`` fixture's Location) puts the
-    conversations in its PostgreSQL database when it names one."""
-    if "where" in request.fixturenames:
-        # Set up first, so torn down last: the database outlives the proxies and the doctor check below.
-        request.getfixturevalue("where")
+    test (or module), whose databases must then pass doctor. ``where=`` (the ``where`` fixture's Location)
+    puts the conversations in its PostgreSQL database when it names one."""
     locations: list[Location] = []
     with contextlib.ExitStack() as stack:
 
@@ -132,7 +126,7 @@ def _proxies(
             where: Location | None = None,
             **general: Any,
         ) -> Any:
-            data_dir = tmp_path / f"data{len(locations)}"
+            data_dir = data_root / f"data{len(locations)}"
             config = make_config(upstream_url, data_dir, lcm, models, **with_database(general, where))
             locations.append(config.general_settings.location())
             return stack.enter_context(open_proxy(config))
@@ -141,10 +135,17 @@ def _proxies(
     assert_doctor_passes(locations)
 
 
+def _database_first(request: pytest.FixtureRequest) -> None:
+    if "where" in request.fixturenames:
+        # Set up first, so torn down last: the database outlives the proxies and the doctor check.
+        request.getfixturevalue("where")
+
+
 @pytest.fixture
 def proxy_factory(upstream_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Real proxies (uvicorn on 127.0.0.1): for what needs the socket (``tests.support.proxies``)."""
-    yield from _proxies(served, upstream_url, tmp_path, request)
+    _database_first(request)
+    yield from _proxies(served, upstream_url, tmp_path)
 
 
 @pytest.fixture
@@ -156,7 +157,8 @@ def proxy(proxy_factory: Any) -> RunningProxy:
 def app_factory(upstream_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Proxies in this process (``AppProxy``: a ``TestClient`` over the app): for what a socket proves nothing
     more about."""
-    yield from _proxies(in_process, upstream_url, tmp_path, request)
+    _database_first(request)
+    yield from _proxies(in_process, upstream_url, tmp_path)
 
 
 @pytest.fixture
@@ -165,15 +167,17 @@ def app_proxy(app_factory: Any) -> AppProxy:
 
 
 @pytest.fixture(scope="module")
-def module_app_proxy(
+def module_app_factory(
     fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[AppProxy]:
-    """One in-process proxy for all of a module's tests, for tests whose requests store nothing (refused ones):
-    the app's start-up, not the request, is most of such a test's time."""
-    config = make_config(fake_upstream_server[1], tmp_path_factory.mktemp("data"))
-    with in_process(config) as proxy:
-        yield proxy
-    assert_doctor_passes([config.general_settings.location()])
+) -> Iterator[Any]:
+    """In-process proxies shared by all of a module's tests, for tests whose requests store nothing (refused
+    ones): the app's start-up, not the request, is most of such a test's time."""
+    yield from _proxies(in_process, fake_upstream_server[1], tmp_path_factory.mktemp("shared"))
+
+
+@pytest.fixture(scope="module")
+def module_app_proxy(module_app_factory: Any) -> AppProxy:
+    return module_app_factory()  # type: ignore[no-any-return]
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ identical streaming and non-streaming assembly, and the operator's compact/show 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.support import REPO
+from tests.support.cli import main
 from tests.support.fakes import FakeUpstream
 from tests.support.proxies import RunningProxy
 from tests.support.sim import (
@@ -149,24 +147,10 @@ def test_cli_compact_and_show(
         "lcm_settings: {fresh_tail_count: 4, leaf_chunk_tokens: 1000}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
-    compact = subprocess.run(
-        [sys.executable, "-m", "proxy", "compact", conversation, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    compact = main("compact", conversation, "--config", str(config), env=env)
     assert compact.returncode == 0, compact.stderr
     assert f"compacted {conversation} with small" in compact.stdout and "leaf" in compact.stdout
-    show = subprocess.run(
-        [sys.executable, "-m", "proxy", "show", conversation, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-    )
+    show = main("show", conversation, "--config", str(config), env=env)
     assert show.returncode == 0
     assert "summary DAG" in show.stdout and " leaf d0 messages 0-" in show.stdout
     # The next request uses the compacted context.

@@ -23,7 +23,7 @@ from proxy.upstream.balancer import Balancer
 from proxy.upstream.client import Upstream
 from proxy.upstream.routing import ModelRouter
 from tests.support import REPO
-from tests.support.cli import Served, free_port, run
+from tests.support.cli import Served, free_port, main
 from tests.support.deployments import answering, deployment, resolved, unavailable
 from tests.support.fakes import FakeUpstream, Reply, wait_for
 from tests.support.proxies import UPSTREAM_KEY, RunningProxy
@@ -357,7 +357,7 @@ def example_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_litellms_documented_config_passes_check_config_with_warnings(example_env: dict[str, str]) -> None:
-    result = run("check-config", str(EXAMPLE), env=example_env)
+    result = main("check-config", str(EXAMPLE), env=example_env)
     assert result.returncode == 0, result.stderr
     assert "OK (5 warning(s))" in result.stdout
     assert (
