@@ -13,7 +13,6 @@ import re
 import subprocess
 from typing import IO, Any
 
-import httpx
 import openai
 import orjson
 import pytest
@@ -388,13 +387,13 @@ KEYS = [{"key": ALICE_KEY, "tenant": "alice"}, {"key": BOB_KEY, "tenant": "bob"}
 
 
 def test_delete_over_http_answers_for_own_conversations_only(
-    where: Location, proxy_factory: Any, caplog: pytest.LogCaptureFixture
+    where: Location, app_factory: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     marker = "ZqHttpWombat5150"
-    proxy = proxy_factory(api_keys=KEYS, where=where)
+    proxy = app_factory(api_keys=KEYS, where=where)
 
     def started(key: str, text: str) -> str:
-        sdk = openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
+        sdk = openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0, http_client=proxy.client)
         raw = sdk.chat.completions.with_raw_response.create(
             model="test-model", messages=[{"role": "user", "content": text}]
         )
@@ -405,24 +404,24 @@ def test_delete_over_http_answers_for_own_conversations_only(
     alice = {"authorization": f"Bearer {ALICE_KEY}"}
     bob = {"authorization": f"Bearer {BOB_KEY}"}
     caplog.set_level(logging.INFO, logger="lcm_proxy.audit")
-    with httpx.Client(base_url=proxy.url, timeout=60) as client:
-        theirs = client.delete(f"/lcm/conversations/{alices}", headers=bob)
-        unknown = client.delete("/lcm/conversations/conv_0123456789abcdef", headers=bob)
-        assert theirs.status_code == unknown.status_code == 404
-        assert theirs.json()["error"] == {**unknown.json()["error"], "message": f"no conversation {alices}"}
-        assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 200  # untouched
-        assert not [r for r in caplog.records if r.name == "lcm_proxy.audit"]
+    client = proxy.client
+    theirs = client.delete(f"/lcm/conversations/{alices}", headers=bob)
+    unknown = client.delete("/lcm/conversations/conv_0123456789abcdef", headers=bob)
+    assert theirs.status_code == unknown.status_code == 404
+    assert theirs.json()["error"] == {**unknown.json()["error"], "message": f"no conversation {alices}"}
+    assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 200  # untouched
+    assert not [r for r in caplog.records if r.name == "lcm_proxy.audit"]
 
-        mine = client.delete(f"/lcm/conversations/{alices}", headers=alice)
+    mine = client.delete(f"/lcm/conversations/{alices}", headers=alice)
 
-        assert mine.status_code == 200, mine.text
-        body = mine.json()
-        assert body["id"] == alices and body["deleted"] is True and body["messages"] >= 1
-        assert body["kept_for_forks"] == {"forks": 0, "messages": 0}
-        assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
-        assert client.delete(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
-        assert client.get("/lcm/conversations", headers=alice).json()["data"] == []
-        assert [c["id"] for c in client.get("/lcm/conversations", headers=bob).json()["data"]] == [bobs]
+    assert mine.status_code == 200, mine.text
+    body = mine.json()
+    assert body["id"] == alices and body["deleted"] is True and body["messages"] >= 1
+    assert body["kept_for_forks"] == {"forks": 0, "messages": 0}
+    assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
+    assert client.delete(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
+    assert client.get("/lcm/conversations", headers=alice).json()["data"] == []
+    assert [c["id"] for c in client.get("/lcm/conversations", headers=bob).json()["data"]] == [bobs]
     audit = [r for r in caplog.records if r.name == "lcm_proxy.audit"]
     assert len(audit) == 1 and audit[0].levelno == logging.INFO
     line = audit[0].getMessage()
