@@ -113,5 +113,5 @@ def main(
             code = exit_.code if isinstance(exit_.code, int) else 0
         out.flush()
         err.flush()
-    texts = [stream.buffer.getvalue().decode() for stream in (out, err)]  # type: ignore[attr-defined]
+    texts = [stream.buffer.getvalue().decode() for stream in (out, err)]
     return subprocess.CompletedProcess(["lcm-proxy", *args], code, *texts)
