@@ -10,10 +10,17 @@ import pytest
 
 from proxy.config.settings import GeneralSettings
 from tests.support.fakes import FakeUpstream
-from tests.support.proxies import UPSTREAM_KEY
+from tests.support.proxies import UPSTREAM_KEY, AppProxy
 
 KEYS = [{"key": "sk-proxy-alice-000000", "tenant": "alice"}, {"key": "sk-proxy-bob-1111111", "tenant": "bob"}]
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def module_keyed(module_app_factory: Any) -> AppProxy:
+    """One proxy with keys for the module's checks of who may chat: a refused request stores nothing, and an
+    accepted one a conversation no other check reads."""
+    return module_app_factory(api_keys=KEYS)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(
@@ -29,9 +36,9 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
     ],
 )
 def test_chat_requires_a_configured_key(
-    app_factory: Any, fake_upstream: FakeUpstream, headers: dict[str, str], status: int
+    module_keyed: AppProxy, fake_upstream: FakeUpstream, headers: dict[str, str], status: int
 ) -> None:
-    proxy = app_factory(api_keys=KEYS)
+    proxy = module_keyed
     response = proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=10)
     assert response.status_code == status, response.text
     if status == 401:
