@@ -171,7 +171,9 @@ def module_app_factory(
     fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """In-process proxies shared by all of a module's tests, for tests whose requests store nothing (refused
-    ones): the app's start-up, not the request, is most of such a test's time."""
+    ones): the app's start-up, not the request, is most of such a test's time. Not for calls LiteLLM makes
+    with a client it keeps per process (moderations, audio): with this module-long event loop running beside a
+    test's own, such a call failed to connect."""
     yield from _proxies(in_process, fake_upstream_server[1], tmp_path_factory.mktemp("shared"))
 
 
