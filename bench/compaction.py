@@ -33,10 +33,20 @@ from proxy.engine.engine import Budget, ContextEngine
 from proxy.store.files import FileStore
 from proxy.store.sqlite.store import SQLiteStore
 from proxy.tokens import count_messages
-from tests.engine.test_compaction_sim import MAX_TOKENS, SIM_LCM, TOOLS, WINDOW, tool_result, user_turn
 from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve_in_thread
-from tests.support.sim import ScriptedModel, Stats, forwarded_tokens, is_summary_request
+from tests.support.sim import (
+    MAX_TOKENS,
+    SIM_LCM,
+    TOOLS,
+    WINDOW,
+    ScriptedModel,
+    Stats,
+    forwarded_tokens,
+    is_summary_request,
+    tool_result,
+    user_turn,
+)
 
 SIZES = (10, 100, 1000, 5000)
 

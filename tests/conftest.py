@@ -1,27 +1,30 @@
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.app import create_app
-from proxy.cli.doctor import run_doctor
-from proxy.config.loading import parse_config
 from proxy.config.settings import ProxyConfig
-from tests.support.fakes import FakeUpstream
+from proxy.store.location import Location
+from tests.support.fakes import SESSION_FAKES, FakeUpstream, reset_fake, session_fake
+from tests.support.proxies import (
+    AppProxy,
+    RunningProxy,
+    assert_doctor_passes,
+    in_process,
+    make_config,
+    served,
+    with_database,
+)
 from tests.support.servers import serve_in_thread
 
 # Tests never reach the internet: LiteLLM must not fetch its price list or tokenizers.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.pop("OPENAI_API_KEY", None)
-
-UPSTREAM_KEY = "sk-upstream-secret-0123456789"
-
 
 # Tests marked ``slow`` (``pytest -m "not slow"`` is the quick loop; the README's command and CI run them all):
 # server processes SIGKILLed or run with several workers, the load run, benchmark smoke runs, fuzzing, and
@@ -43,8 +46,6 @@ SLOW = (
     "test_replicas.py::test_identical_first_requests_on_three_replicas_create_one_conversation",
     "test_replicas.py::test_replicas_load_run_with_one_killed_loses_nothing",
     "test_deployments.py::test_litellms_documented_config_",
-    "test_deletion.py::test_delete_and_purge_on_the_command_line",
-    "test_end_users.py::test_the_cli_names_an_end_user_and_deletes_everything_of_theirs",
     "test_serving.py::test_a_dead_worker_is_replaced_and_said_at_warning",
     "test_long_history.py",
     "test_server_window.py::test_a_real_llama_cpp_",
@@ -65,6 +66,13 @@ def _check_slow_entries() -> None:
             raise pytest.UsageError(f"tests/conftest.py SLOW names {entry}, which {file} does not define")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The in-process proxy (tests.support.proxies) is Starlette's TestClient over httpx, the client the proxy and
+    # the openai SDK use; its notes on httpx2 and on per-request timeouts are about the tests, not the proxy.
+    config.addinivalue_line("filterwarnings", "ignore:Using `httpx` with `starlette.testclient`")
+    config.addinivalue_line("filterwarnings", "ignore:You should not use the 'timeout' argument with the TestClient")
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _check_slow_entries()
@@ -76,36 +84,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The fake upstream is one server for the whole session (starting one per test would cost more than most
 # tests). Every test starts with it as new, however the test reaches it (``fake_upstream``, ``upstream_url``
 # or a module fixture): nothing a test scripted or recorded is seen by the next.
-_SESSION_FAKES: list[FakeUpstream] = []
-
-
-def reset_fake(fake: FakeUpstream) -> FakeUpstream:
-    fake.requests.clear()
-    fake.script.clear()
-    fake.stream_finished.clear()
-    fake.stream_cancelled.clear()
-    fake.chunks_sent = 0
-    fake.responder = None
-    return fake
-
-
 @pytest.fixture(autouse=True)
 def _fresh_fake_upstream() -> None:
     """Autouse fixtures run before the others of their scope, so a function fixture that sets the fake up
     (a responder, a script) still sees its own set-up."""
-    for fake in _SESSION_FAKES:
+    for fake in SESSION_FAKES:
         reset_fake(fake)
 
 
 @pytest.fixture(scope="session")
 def fake_upstream_server() -> Iterator[tuple[FakeUpstream, str]]:
     fake = FakeUpstream()
-    with serve_in_thread(fake.app) as url:
-        _SESSION_FAKES.append(fake)
-        try:
-            yield fake, url
-        finally:
-            _SESSION_FAKES.remove(fake)
+    with serve_in_thread(fake.app) as url, session_fake(fake):
+        yield fake, url
 
 
 @pytest.fixture
@@ -119,94 +110,84 @@ def upstream_url(fake_upstream_server: tuple[FakeUpstream, str]) -> str:
     return fake_upstream_server[1]
 
 
-def make_config(
-    upstream_url: str,
-    data_dir: Path,
-    lcm: dict[str, Any] | None = None,
-    models: list[Any] | None = None,
-    **general: Any,
-) -> ProxyConfig:
-    raw: dict[str, Any] = {
-        "model_list": [
-            {
-                "model_name": "test-model",
-                "litellm_params": {
-                    "model": "openai/fake-model",
-                    "api_base": f"{upstream_url}/v1",
-                    "api_key": UPSTREAM_KEY,
-                },
-                "model_info": {"max_input_tokens": 100000, "supports_function_calling": True},
-            },
-            {
-                "model_name": "unreachable",
-                "litellm_params": {
-                    "model": "openai/x",
-                    "api_base": "http://127.0.0.1:9/v1",
-                    "api_key": UPSTREAM_KEY,
-                },
-            },
-        ],
-        "general_settings": {"data_dir": str(data_dir), "request_timeout": 5, **general},
-        "lcm_settings": lcm or {},
-    }
-    raw["model_list"] += models or []
-    return parse_config(raw)
+def _proxies(
+    open_proxy: Callable[[ProxyConfig], contextlib.AbstractContextManager[Any]], upstream_url: str, data_root: Path
+) -> Iterator[Callable[..., Any]]:
+    """``start(lcm, models, *, where=None, **general)``: a proxy with a fresh data dir each, closed after the
+    test (or module), whose databases must then pass doctor. ``where=`` (the ``where`` fixture's Location)
+    puts the conversations in its PostgreSQL database when it names one."""
+    locations: list[Location] = []
+    with contextlib.ExitStack() as stack:
+
+        def start(
+            lcm: dict[str, Any] | None = None,
+            models: list[Any] | None = None,
+            *,
+            where: Location | None = None,
+            **general: Any,
+        ) -> Any:
+            data_dir = data_root / f"data{len(locations)}"
+            config = make_config(upstream_url, data_dir, lcm, models, **with_database(general, where))
+            locations.append(config.general_settings.location())
+            return stack.enter_context(open_proxy(config))
+
+        yield start
+    assert_doctor_passes(locations)
 
 
-@dataclass
-class RunningProxy:
-    url: str
-    config: ProxyConfig
-    app: Any
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
+def _database_first(request: pytest.FixtureRequest) -> None:
+    if "where" in request.fixturenames:
+        # Set up first, so torn down last: the database outlives the proxies and the doctor check.
+        request.getfixturevalue("where")
 
 
 @pytest.fixture
 def proxy_factory(upstream_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Start real proxies (uvicorn on 127.0.0.1) with a fresh data dir each; stopped after the test.
-    ``where=`` (the ``where`` fixture's Location) puts the conversations in its PostgreSQL database when it
-    names one: proxies started with the same one share it, as replicas do."""
-    from proxy.store.location import Location
-
-    if "where" in request.fixturenames:
-        # Set up first, so torn down last: the database outlives the servers and the doctor check below.
-        request.getfixturevalue("where")
-    stack: list[Any] = []
-    locations: list[Location] = []
-
-    def start(
-        lcm: dict[str, Any] | None = None,
-        models: list[Any] | None = None,
-        *,
-        where: Location | None = None,
-        **general: Any,
-    ) -> RunningProxy:
-        if where is not None and where.database_url is not None:
-            general = {"database_url": where.database_url, **general}
-        config = make_config(upstream_url, tmp_path / f"data{len(stack)}", lcm, models, **general)
-        locations.append(config.general_settings.location())
-        app = create_app(config)
-        ctx = serve_in_thread(app)
-        url = ctx.__enter__()
-        stack.append(ctx)
-        return RunningProxy(url=url, config=config, app=app)
-
-    yield start
-    for ctx in reversed(stack):
-        ctx.__exit__(None, None, None)
-    # Every database a test creates must pass doctor.
-    for location in dict.fromkeys(locations):
-        if location.exists():
-            problems = asyncio.run(run_doctor(location))
-            assert problems == [], f"doctor found problems in {location.describe()}: {problems}"
+    """Real proxies (uvicorn on 127.0.0.1): for what needs the socket (``tests.support.proxies``)."""
+    _database_first(request)
+    yield from _proxies(served, upstream_url, tmp_path)
 
 
 @pytest.fixture
 def proxy(proxy_factory: Any) -> RunningProxy:
     return proxy_factory()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def app_factory(upstream_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Proxies in this process (``AppProxy``: a ``TestClient`` over the app): for what a socket proves nothing
+    more about."""
+    _database_first(request)
+    yield from _proxies(in_process, upstream_url, tmp_path)
+
+
+@pytest.fixture
+def app_proxy(app_factory: Any) -> AppProxy:
+    return app_factory()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def module_app_factory(
+    fake_upstream_server: tuple[FakeUpstream, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """In-process proxies shared by all of a module's tests, for tests whose requests store nothing (refused
+    ones): the app's start-up, not the request, is most of such a test's time. Not for calls LiteLLM makes
+    with a client it keeps per process (moderations, audio): with this module-long event loop running beside a
+    test's own, such a call failed to connect."""
+    yield from _proxies(in_process, fake_upstream_server[1], tmp_path_factory.mktemp("shared"))
+
+
+@pytest.fixture(scope="module")
+def module_app_proxy(module_app_factory: Any) -> AppProxy:
+    return module_app_factory()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """An environment for ``lcm-proxy`` commands with no OpenAI or LCM_ variables, and a data home of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "LCM_"))}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    return env
 
 
 # PostgreSQL (issue 15): one throwaway cluster per pytest session (so per xdist worker), a fresh database per
@@ -254,8 +235,6 @@ def pg_dsn(pg_database_factory: Any) -> str:
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """Where a test's store lives: SQLite in its data directory, or PostgreSQL in a database of its own (the
     payload store follows: files on disk, or rows in the database). Tests taking it run on both backends."""
-    from proxy.store.location import Location
-
     if request.param == "sqlite":
         return Location(tmp_path)
     return Location(tmp_path, request.getfixturevalue("pg_dsn"))

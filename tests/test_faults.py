@@ -32,11 +32,10 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.summarize import FALLBACK_MARKER
 from proxy.store.files import FileStore
 from proxy.store.sqlite.store import SQLiteStore
-from tests.conftest import UPSTREAM_KEY, RunningProxy
-from tests.engine.test_compaction_sim import SIM_LCM
 from tests.support.fakes import FakeUpstream, Reply, wait_for
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 from tests.support.servers import serve_in_thread
-from tests.support.sim import check_tool_pairing, forwarded_tokens, is_summary_request, without_recall
+from tests.support.sim import SIM_LCM, check_tool_pairing, forwarded_tokens, is_summary_request, without_recall
 
 WINDOW = 8000
 MAX_TOKENS = 400

@@ -19,8 +19,8 @@ from proxy.engine.canonical import canonical
 from proxy.engine.ingest import export_conversation
 from proxy.store.files import FileStore
 from proxy.store.sqlite.store import SQLiteStore
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 scalars = st.one_of(
     st.none(),

@@ -12,7 +12,6 @@ are asked for Bob's conversation: none of it may carry Alice's words.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +21,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.cli.test_cli import console_script
-from tests.conftest import RunningProxy
+from tests.support.cli import main
 from tests.support.fakes import FakeUpstream
-from tests.test_security import ToolModel, is_summary_request
+from tests.support.proxies import RunningProxy
+from tests.support.tool_model import ToolModel, is_summary_request
 
 PRIVATE = "LANTERNFISH4471"  # Alice's private fact, in a message and (through the summarizer) in a summary
 FILE_PRIVATE = "KESTREL9150"  # in Alice's stored file
@@ -145,9 +144,7 @@ def admin_and_cli_views(proxy: RunningProxy, conversation: str, tmp_path: Path) 
         ["grep", "diagnosis cabinet", "--conversation", conversation, "--mode", "full_text"],
         ["show", conversation],
     ):
-        done = subprocess.run(
-            [console_script(), *args, "--config", str(config)], capture_output=True, text=True, timeout=60
-        )
+        done = main(*args, "--config", str(config))
         assert done.returncode == 0, done.stderr
         views.append(done.stdout)
     return "\n".join(views)

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.load import run_load
-from tests.conftest import RunningProxy
 from tests.support.fakes import wait_for
+from tests.support.proxies import RunningProxy
 
 
 def test_load_run_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:

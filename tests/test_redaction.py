@@ -27,8 +27,8 @@ import pytest
 
 from proxy.redaction import redact_secrets
 from proxy.upstream.client import load_litellm, translate_exception
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, AppProxy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,9 +51,9 @@ def _header_model(upstream_url: str) -> dict[str, Any]:
     }
 
 
-def _chat(proxy: RunningProxy, model: str, stream: bool = False) -> httpx.Response:
+def _chat(proxy: AppProxy, model: str, stream: bool = False) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json=body, timeout=30) as response:
+    with proxy.client.stream("POST", f"{proxy.base_url}/chat/completions", json=body, timeout=30) as response:
         response.read()
         return response
 
@@ -66,12 +66,12 @@ def _sse(*events: Any) -> bytes:
 
 
 def test_extra_headers_credential_never_reaches_the_client_or_the_log(
-    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, caplog: pytest.LogCaptureFixture
+    app_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A provider that echoes a credential sent in ``extra_headers``: in a plain error, a streamed request's
     error, and an error event inside a 200 stream, the client and the INFO log see it masked."""
     caplog.set_level(logging.INFO)
-    proxy = proxy_factory(models=[_header_model(upstream_url)])
+    proxy = app_factory(models=[_header_model(upstream_url)])
     echo = f"Unknown tenant credential {HEADER_SECRET} for this organisation"
     fake_upstream.enqueue(Reply(status=401, error_message=echo))
     plain = _chat(proxy, "header-model")
@@ -93,16 +93,16 @@ def test_extra_headers_credential_never_reaches_the_client_or_the_log(
 
 
 def test_partial_echo_of_the_key_is_masked(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+    app_proxy: AppProxy, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     """OpenAI shows a rejected key as its first and last characters; others cut it short. Neither part
     reaches the client or the log."""
     caplog.set_level(logging.INFO)
     masked = f"{UPSTREAM_KEY[:8]}**********{UPSTREAM_KEY[-4:]}"
     fake_upstream.enqueue(Reply(status=401, error_message=f"Incorrect API key provided: {masked}."))
-    first = _chat(proxy, "test-model")
+    first = _chat(app_proxy, "test-model")
     fake_upstream.enqueue(Reply(status=401, error_message=f"bad key {UPSTREAM_KEY[:-5]}, try again"))
-    second = _chat(proxy, "test-model")
+    second = _chat(app_proxy, "test-model")
     assert first.status_code == second.status_code == 401
     assert UPSTREAM_KEY[:8] not in first.text and "Incorrect API key provided:" in first.text
     assert UPSTREAM_KEY[:-5] not in second.text and "try again" in second.text
@@ -158,11 +158,11 @@ def test_translate_exception_masks_environment_keys(environment_key: str) -> Non
     assert environment_key not in error.message and "invalid x-api-key [redacted]" in error.message
 
 
-def test_key_shapes_are_masked_in_upstream_errors(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+def test_key_shapes_are_masked_in_upstream_errors(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
     """A key the proxy never knew (another tenant's, a provider's example) is masked by its shape."""
     foreign = "sk-proj-" + "Ab3" * 16
     fake_upstream.enqueue(Reply(status=400, error_message=f"Organization key {foreign} is not allowed here"))
-    response = _chat(proxy, "test-model")
+    response = _chat(app_proxy, "test-model")
     assert response.status_code == 400 and foreign not in response.text
     assert "is not allowed here" in response.text
 
@@ -327,14 +327,14 @@ def _memo_with_secrets() -> str:
 
 
 def test_the_exploration_summary_model_never_receives_a_files_secrets(
-    proxy: RunningProxy, fake_upstream: FakeUpstream
+    app_proxy: AppProxy, fake_upstream: FakeUpstream
 ) -> None:
     """Compaction's input was redacted, the exploration summariser's was not: it received the raw file. Every
     call the proxy makes to its summary model now goes through one redaction (``UpstreamSummarizer``)."""
     document = _memo_with_secrets()
     message = {"role": "user", "content": f'Read <file name="memo.txt" mime="text/plain">{document}</file> please'}
     body = {"model": "test-model", "messages": [message]}
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=30)
+    response = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=body, timeout=30)
     assert response.status_code == 200, response.text
     explorations = [
         r.body

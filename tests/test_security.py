@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,13 @@ from starlette.routing import Route
 
 from proxy.app import create_app
 from proxy.cli.doctor import run_doctor
-from proxy.engine.summarize import CONDENSED_PROMPTS, LEAF_PROMPT
-from proxy.relay.summarizer import EXPLORE_PROMPT
 from proxy.relay.toolloop import MAX_CALLS_PER_ROUND
 from proxy.store.files import FileStore
 from proxy.store.location import Location
-from tests.conftest import UPSTREAM_KEY, RunningProxy, make_config
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy, make_config
 from tests.support.servers import serve_in_thread
+from tests.support.tool_model import ToolModel, is_summary_request
 
 REPO = Path(__file__).resolve().parent.parent
 ALICE_KEY = "sk-proxy-alice-5e1f0c2d"
@@ -61,51 +60,6 @@ LCM = {
 
 
 # --- a scripted model: summaries, and recall calls chosen by the test ------------------------------------
-
-SUMMARY_PROMPTS = tuple(p.split("{", 1)[0] for p in (LEAF_PROMPT, EXPLORE_PROMPT, *CONDENSED_PROMPTS.values()))
-
-
-def is_summary_request(body: dict[str, Any]) -> bool:
-    """The proxy's own summary and exploration calls (not the summary model answering lcm_expand_query)."""
-    first = body["messages"][0]
-    return first.get("role") == "system" and str(first.get("content")).startswith(SUMMARY_PROMPTS)
-
-
-@dataclass
-class ToolModel:
-    """Summaries repeat the first words of their source. A chat turn that is offered the recall tools and has
-    a ``plan`` calls them all at once; the next round records the tool results and answers. Requests without
-    tools (the summary model answering ``lcm_expand_query``) get their material echoed back."""
-
-    plan: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    results: dict[str, str] = field(default_factory=dict)
-    fail_summaries: Reply | None = None
-    fail_answers: Reply | None = None
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        messages = body["messages"]
-        if is_summary_request(body):
-            if self.fail_summaries is not None:
-                return self.fail_summaries
-            words = re.findall(r"\w+", str(messages[-1]["content"]))[:60]
-            return Reply(content="Summary: " + " ".join(words))
-        last = messages[-1]
-        offered = {t["function"]["name"] for t in body.get("tools") or []}
-        if last["role"] == "tool":
-            self.results.update({m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"})
-            return Reply(content="done")
-        if self.plan and "lcm_describe" in offered:
-            calls = [
-                {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-                for i, (name, args) in enumerate(self.plan)
-            ]
-            return Reply(content=None, tool_calls=calls)
-        if not body.get("tools") and self.fail_answers is not None:
-            return self.fail_answers
-        return Reply(content="echo: " + str(last.get("content"))[:4000])
-
-    def result(self, index: int) -> str:
-        return self.results[f"call_{index}"]
 
 
 def chat_bodies(fake: FakeUpstream) -> list[dict[str, Any]]:

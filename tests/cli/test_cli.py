@@ -1,11 +1,10 @@
-"""The installed ``lcm-proxy`` console script, run as a real process."""
+"""The ``lcm-proxy`` command line: in this process (``tests.support.cli.main``) where a process proves nothing
+more, the installed console script where it does (its entry point, serving, a closed pipe, fresh imports)."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,41 +16,16 @@ import httpx
 import pytest
 
 from tests.support import REPO
-
-BIN = Path(sys.executable).parent
-
-
-def console_script() -> str:
-    path = BIN / "lcm-proxy"
-    found = str(path) if path.exists() else shutil.which("lcm-proxy")
-    assert found, "the lcm-proxy console script is not installed (pip install -e '.[test]')"
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
-
-
-@pytest.fixture
-def isolated_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "LCM_"))}
-    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    return env
+from tests.support.cli import console_script, free_port, main, run
 
 
 def test_version_and_help() -> None:
     from proxy import __version__
 
-    assert run("--version").stdout.strip() == f"lcm-proxy {__version__}"
-    help_text = run("--help").stdout
+    assert run("--version").stdout.strip() == f"lcm-proxy {__version__}"  # the installed console script
+    help_text = main("--help").stdout
     assert "serve" in help_text and "check-config" in help_text
-    serve_help = run("serve", "--help").stdout
+    serve_help = main("serve", "--help").stdout
     for flag in ("--config", "--host", "--port", "--workers"):
         assert flag in serve_help
 
@@ -77,14 +51,14 @@ def test_python_dash_m_entry_point() -> None:
 
 
 def test_check_config_ok_and_error(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    ok = run("check-config", "config/proxy.yaml", env=isolated_env)
+    ok = main("check-config", "config/proxy.yaml", env=isolated_env)
     assert ok.returncode == 0 and "OK" in ok.stdout and "local" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_list:\n  - model_name: m\n    litellm_params: {model: x}\nlcm_settings:\n  fresh_tail: 3\n")
-    result = run("check-config", str(bad), env=isolated_env)
+    result = main("check-config", str(bad), env=isolated_env)
     assert result.returncode == 1
     assert "lcm_settings.fresh_tail: unknown key" in result.stderr
-    missing = run("check-config", str(tmp_path / "nope.yaml"), env=isolated_env)
+    missing = main("check-config", str(tmp_path / "nope.yaml"), env=isolated_env)
     assert missing.returncode == 1 and "cannot read file" in missing.stderr
 
 
@@ -130,7 +104,7 @@ def test_serve_example_config_answers_healthz(served: tuple[str, subprocess.Pope
 def test_serve_refuses_invalid_config(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_list: []\n")
-    result = run("serve", "--config", str(bad), env=isolated_env)
+    result = main("serve", "--config", str(bad), env=isolated_env)
     assert result.returncode == 1 and "model_list" in result.stderr
 
 
@@ -176,7 +150,7 @@ def test_readme_shows_the_real_help(args: list[str]) -> None:
     assert shown in readme
     block = readme.split(shown, 1)[1].split("```", 1)[0]
     env = {**os.environ, "COLUMNS": "80"}
-    assert block == run(*args, env=env).stdout
+    assert block == main(*args, env=env).stdout
 
 
 # --- Found trying it as a new user would -------------------------------------------------------------------
@@ -194,7 +168,7 @@ def test_check_config_shows_each_models_window_and_where_it_came_from(
         "  - {model_name: gpt-4o, litellm_params: {model: openai/gpt-4o}}\n"
         "lcm_settings: {default_context_window: 32768}\n"
     )
-    result = run("check-config", str(config), env=isolated_env)
+    result = main("check-config", str(config), env=isolated_env)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "model local -> openai/local at http://127.0.0.1:9/v1" in out
@@ -219,22 +193,22 @@ def test_check_config_refuses_a_summary_model_no_request_could_reach(
         "lcm_settings: {summary_model: summarizer}\n"
     )
     for command in (["check-config", str(config)], ["serve", "--config", str(config)]):
-        result = run(*command, env=isolated_env)
+        result = main(*command, env=isolated_env)
         assert (
             result.returncode == 1 and "lcm_settings.summary_model: 'summarizer' is not a model_name" in result.stderr
         )
 
 
 def test_workers_must_be_at_least_one(isolated_env: dict[str, str]) -> None:
-    result = run("serve", "--workers", "0", "--config", "does-not-exist.yaml", env=isolated_env)
+    result = main("serve", "--workers", "0", "--config", "does-not-exist.yaml", env=isolated_env)
     assert result.returncode == 2 and "argument --workers: must be at least 1, got 0" in result.stderr
 
 
 @pytest.fixture
-def stored(proxy_factory: Any, tmp_path: Path) -> tuple[Path, str]:
+def stored(app_factory: Any, tmp_path: Path) -> tuple[Path, str]:
     """A database with one conversation of 2,001 messages (its ``show`` and ``export`` outputs, 200 KB and
     more, are far larger than a pipe's buffer), sent under the client's own key ``client-key-7``."""
-    proxy = proxy_factory()
+    proxy = app_factory()
     messages: list[dict[str, str]] = []
     for i in range(1000):
         messages += [
@@ -242,7 +216,7 @@ def stored(proxy_factory: Any, tmp_path: Path) -> tuple[Path, str]:
             {"role": "assistant", "content": f"answer {i}: " + "it is fine " * 4},
         ]
     messages.append({"role": "user", "content": "and now?"})
-    response = httpx.post(
+    response = proxy.client.post(
         f"{proxy.base_url}/chat/completions",
         json={"model": "test-model", "messages": messages},
         headers={"x-lcm-conversation-id": "client-key-7"},
@@ -275,9 +249,9 @@ def test_operator_commands_need_no_secret_they_do_not_use(
 ) -> None:
     data_dir, conversation = stored
     # No config at all: --data-dir.
-    listed = run("conversations", "--data-dir", str(data_dir), env=isolated_env)
+    listed = main("conversations", "--data-dir", str(data_dir), env=isolated_env)
     assert listed.returncode == 0 and conversation in listed.stdout, listed.stderr
-    doctor = run("doctor", "--data-dir", str(data_dir), env=isolated_env)
+    doctor = main("doctor", "--data-dir", str(data_dir), env=isolated_env)
     assert doctor.returncode == 0 and doctor.stdout.strip().endswith("OK"), doctor.stdout + doctor.stderr
     # A config whose secrets this shell does not have: reading the database needs none of them.
     config = tmp_path / "secrets.yaml"
@@ -292,10 +266,10 @@ def test_operator_commands_need_no_secret_they_do_not_use(
         ["export", conversation],
         ["grep", "answer 5", "--conversation", conversation],
     ):
-        result = run(*args, "--config", str(config), env=isolated_env)
+        result = main(*args, "--config", str(config), env=isolated_env)
         assert result.returncode == 0 and result.stdout, (args, result.stderr)
     # compact calls the model: then its key is needed, and the error says which one.
-    compact = run("compact", conversation, "--config", str(config), env=isolated_env)
+    compact = main("compact", conversation, "--config", str(config), env=isolated_env)
     assert compact.returncode == 1
     assert "model_list[0].litellm_params.api_key: environment variable UNSET_UPSTREAM_KEY is not set" in compact.stderr
     assert "UNSET_PROXY_KEY" not in compact.stderr and "Traceback" not in compact.stderr
@@ -303,17 +277,17 @@ def test_operator_commands_need_no_secret_they_do_not_use(
 
 def test_show_accepts_the_clients_own_conversation_key(stored: tuple[Path, str], isolated_env: dict[str, str]) -> None:
     data_dir, conversation = stored
-    shown = run("show", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
+    shown = main("show", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith(f"conversation {conversation}\n") and "key:           client-key-7" in shown.stdout
-    grep = run("grep", "question 999", "--conversation", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
+    grep = main("grep", "question 999", "--conversation", "client-key-7", "--data-dir", str(data_dir), env=isolated_env)
     assert grep.returncode == 0 and "question 999" in grep.stdout
-    unknown = run("show", "no-such-key", "--data-dir", str(data_dir), env=isolated_env)
+    unknown = main("show", "no-such-key", "--data-dir", str(data_dir), env=isolated_env)
     assert unknown.returncode == 1 and "no conversation no-such-key" in unknown.stderr
 
 
 def test_describe_refuses_an_end_line_before_the_start_line(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    result = run(
+    result = main(
         "describe", "file_x", "--start-line", "10", "--end-line", "5", "--data-dir", str(tmp_path), env=isolated_env
     )
     assert result.returncode == 2

@@ -8,8 +8,6 @@ import gc
 import os
 import signal
 import socket
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +17,9 @@ from starlette.testclient import TestClient
 
 from proxy import __version__
 from proxy.app import create_app
-from tests.cli.test_cli import REPO, console_script, free_port
-from tests.conftest import make_config
+from tests.support.cli import Served, free_port
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import make_config
 
 
 @pytest.fixture
@@ -56,43 +54,6 @@ def test_apps_built_for_tests_do_not_freeze(upstream_url: str, tmp_path: Path) -
 
 
 # --- lcm-proxy serve, as a real process -------------------------------------------------------------------
-
-
-class Served:
-    """``lcm-proxy serve`` in a subprocess; its log lines (stderr) collected by a thread as they come."""
-
-    def __init__(self, config: Path, env: dict[str, str], *args: str) -> None:
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        self.process = subprocess.Popen(
-            [console_script(), "serve", "--config", str(config), *args],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        )  # fmt: skip
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
-        with self._changed:
-            self.lines.append("<exited>")
-            self._changed.notify_all()
-
-    def wait_for(self, text: str, count: int = 1, timeout: float = 90) -> list[str]:
-        """The lines so far, once ``count`` of them contain ``text`` (or the process has exited)."""
-        with self._changed:
-            self._changed.wait_for(
-                lambda: sum(text in line for line in self.lines) >= count or "<exited>" in self.lines, timeout
-            )
-            return list(self.lines)
-
-    def stop(self) -> str:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=30)
-        return "\n".join(self.wait_for("<exited>"))
 
 
 def serve_config(tmp_path: Path, port: int) -> Path:

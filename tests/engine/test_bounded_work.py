@@ -40,18 +40,13 @@ from proxy.store.sqlite.store import SQLiteStore
 from proxy.store.sqlite.writes import WriteTransaction
 from proxy.wire.chat.limits import MAX_CONTENT_PARTS
 from proxy.wire.http import PARSE_ON_LOOP_BYTES, parse_json_in_steps
-from tests.conftest import make_config
 from tests.support.engine import ScriptedSummarizer, open_engine, row_count, rows, run, user
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import make_config
 from tests.support.servers import probe_healthz_while, serve_in_thread
+from tests.support.transcripts import blocks
 
 HEALTHZ_BOUND = 0.100  # seconds: the issue's acceptance bound for /healthz under a 20,000-part request
-
-
-def blocks(count: int, seed: str = "doc") -> str:
-    """``count`` distinct <file> blocks of plain prose (free text: the kind the summary model explores)."""
-    body = "The committee met on a rainy Tuesday and went through the minutes of the previous meeting. " * 6
-    return "\n".join(f'<file name="{seed}-{i}.txt">{seed} number {i}. {body}</file>' for i in range(count))
 
 
 def stored_files(data_dir: Path) -> set[str]:

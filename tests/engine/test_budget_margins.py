@@ -1,4 +1,4 @@
-"""Budgets the provider agrees with, through the real proxy and a real fake upstream: every field that reaches
+"""Budgets the provider agrees with, through the proxy (in process) and a real fake upstream: every field that reaches
 the model is counted (a legacy ``function_call``, the legacy ``functions`` schemas), the window is divided by
 the model's token margin, and a ``max_tokens`` that leaves no room is refused naming ``max_tokens``."""
 
@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 from proxy import tokens
-from tests.conftest import RunningProxy
-from tests.engine.test_tokens import CODE
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import AppProxy
 from tests.support.sim import ScriptedModel, forwarded_tokens, is_summary_request
+from tests.support.transcripts import CODE
 
 WINDOW = 8000
 MAX_TOKENS = 400
@@ -31,18 +31,18 @@ def deployment(name: str, model: str, upstream_url: str, **info: Any) -> dict[st
     }
 
 
-def start(proxy_factory: Any, upstream_url: str) -> RunningProxy:
+def start(app_factory: Any, upstream_url: str) -> AppProxy:
     models = [
         deployment("local", "openai/local-model", upstream_url),  # unknown tokenizer: 1.1
         deployment("claude", "openai/claude-sonnet-4-5", upstream_url),  # Claude family: 1.15
         deployment("pinned", "openai/local-model", upstream_url, token_margin=1.0),
     ]
-    return proxy_factory(lcm=LCM, models=models)  # type: ignore[no-any-return]
+    return app_factory(lcm=LCM, models=models)  # type: ignore[no-any-return]
 
 
-def post(proxy: RunningProxy, model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+def post(proxy: AppProxy, model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, **extra}
-    return httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
+    return proxy.client.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
 
 
 def chat_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
@@ -56,11 +56,11 @@ def paste(n: int) -> dict[str, Any]:
 
 
 def test_the_window_is_divided_by_the_models_token_margin(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    app_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     """6,800 o200k tokens fit 7,600 by o200k, and by a tokenizer counting 10% more (7,480), not by one counting
     15% more (7,820): a Claude-family model gets the proxy's refusal instead of the provider's."""
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(app_factory, upstream_url)
     medium = [paste(6800)]
     refused = post(proxy, "claude", medium)
     assert refused.status_code == 400, refused.text[:300]
@@ -84,11 +84,11 @@ def test_the_window_is_divided_by_the_models_token_margin(
     assert sent["messages"] == large
 
 
-def test_a_legacy_function_call_is_counted(proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream) -> None:
+def test_a_legacy_function_call_is_counted(app_factory: Any, upstream_url: str, fake_upstream: FakeUpstream) -> None:
     """A 9,000-token ``function_call`` cannot be forwarded to a 7,600-token budget (it used to count 4 tokens
     and was forwarded whole)."""
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(app_factory, upstream_url)
     messages = [
         {"role": "system", "content": "You write files."},
         {"role": "user", "content": "Write the handlers to handlers.py."},
@@ -120,10 +120,10 @@ FUNCTIONS = [
 
 
 def test_legacy_functions_are_counted_like_tools(
-    proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    app_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.responder = ScriptedModel()
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(app_factory, upstream_url)
     schemas = tokens.count_text(orjson.dumps(FUNCTIONS).decode())
     assert schemas > 3000
     history: list[dict[str, Any]] = [{"role": "system", "content": "Be helpful."}]
@@ -142,12 +142,12 @@ def test_legacy_functions_are_counted_like_tools(
 
 @pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
 def test_a_reserve_that_leaves_no_room_names_it(
-    param: str, proxy_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
+    param: str, app_factory: Any, upstream_url: str, fake_upstream: FakeUpstream
 ) -> None:
-    proxy = start(proxy_factory, upstream_url)
+    proxy = start(app_factory, upstream_url)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
     body = {"model": "pinned", "messages": messages, param: 2**31}
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text[:300]
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == "context_length_exceeded"
@@ -155,4 +155,4 @@ def test_a_reserve_that_leaves_no_room_names_it(
     assert f"context window {WINDOW} (model_info.max_input_tokens)" in error["message"]
     assert "are available for messages" not in error["message"]  # not "only -2147476xxx are available"
     assert fake_upstream.requests == []
-    assert httpx.get(f"{proxy.url}/lcm/conversations").json()["data"] == []  # refused before anything is stored
+    assert proxy.client.get(f"{proxy.url}/lcm/conversations").json()["data"] == []  # refused before anything is stored

@@ -4,35 +4,25 @@ identical streaming and non-streaming assembly, and the operator's compact/show 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.conftest import RunningProxy
-from tests.engine.test_compaction_sim import MAX_TOKENS, WINDOW, start_sim_proxy
-from tests.support import REPO
+from tests.support.cli import main
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 from tests.support.sim import (
+    MAX_TOKENS,
+    WINDOW,
     ScriptedModel,
     check_tool_pairing,
     forwarded_tokens,
     is_summary_request,
+    start_sim_proxy,
     without_recall,
 )
-
-
-def long_history(turns: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": "Be helpful."}]
-    for i in range(turns):
-        out.append({"role": "user", "content": f"Question {i}: " + "tell me more about the design of the system. " * 8})
-        out.append(
-            {"role": "assistant", "content": f"Answer {i}: " + "the design has several layers and invariants. " * 8}
-        )
-    out.append({"role": "user", "content": "What did we decide?"})
-    return out
+from tests.support.transcripts import long_history
 
 
 def post(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
@@ -157,24 +147,10 @@ def test_cli_compact_and_show(
         "lcm_settings: {fresh_tail_count: 4, leaf_chunk_tokens: 1000}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
-    compact = subprocess.run(
-        [sys.executable, "-m", "proxy", "compact", conversation, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    compact = main("compact", conversation, "--config", str(config), env=env)
     assert compact.returncode == 0, compact.stderr
     assert f"compacted {conversation} with small" in compact.stdout and "leaf" in compact.stdout
-    show = subprocess.run(
-        [sys.executable, "-m", "proxy", "show", conversation, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-    )
+    show = main("show", conversation, "--config", str(config), env=env)
     assert show.returncode == 0
     assert "summary DAG" in show.stdout and " leaf d0 messages 0-" in show.stdout
     # The next request uses the compacted context.

@@ -18,69 +18,22 @@ from proxy.engine.ingest import export_conversation
 from proxy.store.location import Location
 from proxy.store.migrate import Migration
 from proxy.store.sqlite.store import SQLiteStore
-from tests.conftest import RunningProxy
 from tests.support.engine import unreachable_messages
 from tests.support.fakes import FakeUpstream
 from tests.support.sim import (
+    MAX_TOKENS,
+    TOOLS,
+    WINDOW,
     ScriptedModel,
     Stats,
     check_tool_pairing,
     forwarded_tokens,
     is_summary_request,
+    start_sim_proxy,
+    tool_result,
+    user_turn,
     without_recall,
 )
-
-WINDOW = 8000
-MAX_TOKENS = 400
-SMALL_MODEL = {
-    "model_name": "small",
-    "litellm_params": {"model": "openai/small"},
-    "model_info": {"max_input_tokens": WINDOW, "supports_function_calling": True},
-}
-SIM_LCM = {
-    "fresh_tail_count": 8,
-    "leaf_chunk_tokens": 1500,
-    "leaf_target_tokens": 150,
-    "condensed_target_tokens": 250,
-    "leaf_min_fanout": 4,
-    "condensed_min_fanout": 3,
-    "tool_result_token_threshold": 300,
-    "large_file_token_threshold": 2500,
-    "fallback_max_tokens": 200,
-    # The fake upstream is on loopback only because it is a test: this session models a hosted model, whose
-    # background summaries run alongside the chat requests (tests/relay/test_priority.py covers local servers).
-    "background_yields": "never",
-}
-TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
-
-
-def start_sim_proxy(proxy_factory: Any, upstream_url: str, **lcm: Any) -> RunningProxy:
-    model = {
-        **SMALL_MODEL,
-        "litellm_params": {**SMALL_MODEL["litellm_params"], "api_base": f"{upstream_url}/v1", "api_key": "k-12345678"},
-    }
-    return proxy_factory(lcm={**SIM_LCM, **lcm}, models=[model])  # type: ignore[no-any-return]
-
-
-def user_turn(turn: int) -> dict[str, Any]:
-    if turn % 25 == 7:  # a pasted file, large enough to be stubbed even in the fresh tail
-        body = "".join(f"record {turn}-{i}: value {i * 13 % 97} status ok\n" for i in range(900))
-        return {
-            "role": "user",
-            "content": f'Look at this file <file name="data{turn}.txt" mime="text/plain">{body}</file> please.',
-        }
-    if turn % 6 == 3:
-        return {"role": "user", "content": f"Turn {turn}: use tools to look up topic {turn}."}
-    return {
-        "role": "user",
-        "content": f"Turn {turn}: here is my next thought about the project, detail {turn * 31 % 101}. " * 3,
-    }
-
-
-def tool_result(call: dict[str, Any], turn: int) -> dict[str, Any]:
-    big = call["function"]["name"] == "read_file"
-    text = "".join(f"line {i} of result for turn {turn}\n" for i in range(90 if big else 5))
-    return {"role": "tool", "tool_call_id": call["id"], "content": text}
 
 
 def test_three_hundred_turns_stay_bounded_and_lossless(

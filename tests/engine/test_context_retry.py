@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from proxy.tokens import count_messages
 from tests.support.fakes import FakeUpstream, Reply
 
@@ -42,9 +40,9 @@ QUESTION = "How many crates does the depot in city 3 keep?"
 
 
 def test_an_upstream_context_length_refusal_is_compacted_and_retried_once(
-    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
+    app_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
 ) -> None:
-    proxy = proxy_factory(models=[small_model(upstream_url)])
+    proxy = app_factory(models=[small_model(upstream_url)])
     messages = long_history(18)
     # llama.cpp's answer when the prompt is larger than the slot's context.
     fake_upstream.enqueue(
@@ -54,7 +52,7 @@ def test_an_upstream_context_length_refusal_is_compacted_and_retried_once(
             error_type="exceed_context_size_error",
         )
     )
-    response = httpx.post(
+    response = proxy.client.post(
         f"{proxy.base_url}/chat/completions", json={"model": "small", "messages": messages}, timeout=60
     )
     assert response.status_code == 200, response.text
@@ -67,12 +65,12 @@ def test_an_upstream_context_length_refusal_is_compacted_and_retried_once(
 
 
 def test_a_second_refusal_reaches_the_client_with_the_upstreams_own_fields(
-    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
+    app_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
 ) -> None:
-    proxy = proxy_factory(models=[small_model(upstream_url)])
+    proxy = app_factory(models=[small_model(upstream_url)])
     refusal = Reply(status=400, error_message="prompt is too long", error_type="exceed_context_size_error")
     fake_upstream.responder = lambda body: refusal if asks(body) else Reply()
-    response = httpx.post(
+    response = proxy.client.post(
         f"{proxy.base_url}/chat/completions", json={"model": "small", "messages": long_history(18)}, timeout=60
     )
     assert response.status_code == 400
@@ -82,10 +80,10 @@ def test_a_second_refusal_reaches_the_client_with_the_upstreams_own_fields(
 
 
 def test_the_proxys_own_context_length_refusal_names_the_stored_conversation(
-    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
+    app_factory: Any, fake_upstream: FakeUpstream, upstream_url: str
 ) -> None:
-    proxy = proxy_factory(models=[small_model(upstream_url)])
-    first = httpx.post(
+    proxy = app_factory(models=[small_model(upstream_url)])
+    first = proxy.client.post(
         f"{proxy.base_url}/chat/completions",
         json={"model": "small", "messages": [{"role": "user", "content": "hello"}]},
         timeout=60,
@@ -93,7 +91,7 @@ def test_the_proxys_own_context_length_refusal_names_the_stored_conversation(
     conversation = first.headers["x-lcm-conversation-id"]
     # Too long for what max_tokens leaves of the window, yet short of a paste the proxy would store aside.
     long = {"role": "user", "content": "word " * 800}
-    response = httpx.post(
+    response = proxy.client.post(
         f"{proxy.base_url}/chat/completions",
         json={
             "model": "small",

@@ -11,79 +11,29 @@ import os
 import pty
 import re
 import subprocess
-import sys
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-import httpx
 import openai
 import orjson
 import pytest
 
 from proxy.cli.main import main
-from proxy.config.lcm import LcmSettings
 from proxy.engine.deletion import Deleter
 from proxy.engine.doctor import check_database
-from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.engine import ContextEngine
 from proxy.engine.errors import NotFound
 from proxy.engine.ingest import export_conversation
 from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
 from proxy.store.sqlite.store import SQLiteStore
-from tests.support import REPO
+from tests.support.cli import main as in_process_cli
+from tests.support.deletion import Echo, holding, open_engine, prepare, turns
 from tests.support.engine import assistant, execute, located, rows, run, user
-
-SETTINGS = LcmSettings(
-    fresh_tail_count=4,
-    leaf_chunk_tokens=400,
-    leaf_target_tokens=60,
-    condensed_target_tokens=80,
-    leaf_min_fanout=3,
-    condensed_min_fanout=2,
-    tool_result_token_threshold=100,
-    large_file_token_threshold=1000,
-)
-BIG = Budget(window=100_000, output_reserve=1000, tools=0)
-MARKER = re.compile(r"Zq\w+Wombat\d+")  # unique strings planted in what one conversation stores
-
-
-class Echo:
-    """A summarizer whose summaries repeat every marker of their sources: a planted marker reaches them."""
-
-    model = "summary-model"
-
-    async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
-        found = sorted(set(MARKER.findall(user)))
-        return "Summary of the discussion" + (f", which mentions {', '.join(found)}." if found else ".")
-
-    async def summarize_text(self, text: str, *, name: str, max_tokens: int) -> str:
-        return "A document."
-
-
-def turns(n: int, tag: str, marker: str = "") -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        note = f" Remember {marker}." if marker and i == 1 else ""
-        out.append(user(f"{tag} question {i}:{note} " + "please weigh the following details with care. " * 6))
-        out.append(assistant(f"{tag} answer {i}: " + "here is a considered reply covering several points. " * 6))
-    return out
 
 
 def pasted(name: str, body: str) -> dict[str, Any]:
     document = "".join(f"{body} line {i}: alpha beta gamma delta\n" for i in range(400))
     return user(f'Please read <file name="{name}" mime="text/plain">{document}</file> now')
-
-
-async def open_engine(where: Path | Location) -> tuple[ContextEngine, Any, Any, Deleter]:
-    store, files = located(where).stores()
-    await store.open()
-    return ContextEngine(store, files, SETTINGS), store, files, Deleter(store, files)
-
-
-async def prepare(engine: ContextEngine, tenant: str, messages: list[dict[str, Any]]) -> str:
-    prepared = await engine.prepare(tenant, messages, BIG, Echo())
-    assert prepared.conversation_id is not None
-    return prepared.conversation_id
 
 
 async def compact(engine: ContextEngine, conversation_id: str) -> None:
@@ -156,16 +106,6 @@ async def indexed_terms(store: Any) -> str:
         return " ".join(terms)
     found = await rows(store, "SELECT words::text FROM messages UNION ALL SELECT words::text FROM summaries")
     return " ".join(str(r[0]) for r in found)
-
-
-def raw_bytes(data_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(data_dir)): p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
-
-
-def holding(data_dir: Path, marker: str) -> list[str]:
-    """Files under ``data_dir`` whose bytes contain ``marker`` (as written, or folded as an index stores it)."""
-    needles = {marker.encode(), marker.lower().encode(), marker.lower()[3:].encode()}
-    return sorted(name for name, data in raw_bytes(data_dir).items() if any(n in data for n in needles))
 
 
 def test_delete_leaves_nothing_of_a_conversation_and_everything_else(where: Location) -> None:
@@ -447,13 +387,13 @@ KEYS = [{"key": ALICE_KEY, "tenant": "alice"}, {"key": BOB_KEY, "tenant": "bob"}
 
 
 def test_delete_over_http_answers_for_own_conversations_only(
-    where: Location, proxy_factory: Any, caplog: pytest.LogCaptureFixture
+    where: Location, app_factory: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     marker = "ZqHttpWombat5150"
-    proxy = proxy_factory(api_keys=KEYS, where=where)
+    proxy = app_factory(api_keys=KEYS, where=where)
 
     def started(key: str, text: str) -> str:
-        sdk = openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
+        sdk = openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0, http_client=proxy.client)
         raw = sdk.chat.completions.with_raw_response.create(
             model="test-model", messages=[{"role": "user", "content": text}]
         )
@@ -464,24 +404,24 @@ def test_delete_over_http_answers_for_own_conversations_only(
     alice = {"authorization": f"Bearer {ALICE_KEY}"}
     bob = {"authorization": f"Bearer {BOB_KEY}"}
     caplog.set_level(logging.INFO, logger="lcm_proxy.audit")
-    with httpx.Client(base_url=proxy.url, timeout=60) as client:
-        theirs = client.delete(f"/lcm/conversations/{alices}", headers=bob)
-        unknown = client.delete("/lcm/conversations/conv_0123456789abcdef", headers=bob)
-        assert theirs.status_code == unknown.status_code == 404
-        assert theirs.json()["error"] == {**unknown.json()["error"], "message": f"no conversation {alices}"}
-        assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 200  # untouched
-        assert not [r for r in caplog.records if r.name == "lcm_proxy.audit"]
+    client = proxy.client
+    theirs = client.delete(f"/lcm/conversations/{alices}", headers=bob)
+    unknown = client.delete("/lcm/conversations/conv_0123456789abcdef", headers=bob)
+    assert theirs.status_code == unknown.status_code == 404
+    assert theirs.json()["error"] == {**unknown.json()["error"], "message": f"no conversation {alices}"}
+    assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 200  # untouched
+    assert not [r for r in caplog.records if r.name == "lcm_proxy.audit"]
 
-        mine = client.delete(f"/lcm/conversations/{alices}", headers=alice)
+    mine = client.delete(f"/lcm/conversations/{alices}", headers=alice)
 
-        assert mine.status_code == 200, mine.text
-        body = mine.json()
-        assert body["id"] == alices and body["deleted"] is True and body["messages"] >= 1
-        assert body["kept_for_forks"] == {"forks": 0, "messages": 0}
-        assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
-        assert client.delete(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
-        assert client.get("/lcm/conversations", headers=alice).json()["data"] == []
-        assert [c["id"] for c in client.get("/lcm/conversations", headers=bob).json()["data"]] == [bobs]
+    assert mine.status_code == 200, mine.text
+    body = mine.json()
+    assert body["id"] == alices and body["deleted"] is True and body["messages"] >= 1
+    assert body["kept_for_forks"] == {"forks": 0, "messages": 0}
+    assert client.get(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
+    assert client.delete(f"/lcm/conversations/{alices}", headers=alice).status_code == 404
+    assert client.get("/lcm/conversations", headers=alice).json()["data"] == []
+    assert [c["id"] for c in client.get("/lcm/conversations", headers=bob).json()["data"]] == [bobs]
     audit = [r for r in caplog.records if r.name == "lcm_proxy.audit"]
     assert len(audit) == 1 and audit[0].levelno == logging.INFO
     line = audit[0].getMessage()
@@ -510,11 +450,8 @@ def test_delete_and_purge_on_the_command_line(where: Location, capsys: pytest.Ca
         store_args += ["--database-url", where.database_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
 
-    def cli(*args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "proxy", *args, *store_args],
-            capture_output=True, text=True, timeout=60, env=env, cwd=REPO, stdin=stdin,
-        )  # fmt: skip
+    def cli(*args: str, stdin: str | IO[str] = "") -> subprocess.CompletedProcess[str]:
+        return in_process_cli(*args, *store_args, env=env, stdin=stdin)
 
     async def live() -> set[str]:
         store, _ = where.stores()
@@ -541,10 +478,11 @@ def test_delete_and_purge_on_the_command_line(where: Location, capsys: pytest.Ca
     # A terminal gets a question; anything but yes deletes nothing.
     controller, terminal = pty.openpty()
     try:
-        os.write(controller, b"n\n")
-        declined = cli("delete", made["asked"], stdin=terminal)
-        os.write(controller, b"y\n")
-        confirmed = cli("delete", made["asked"], stdin=terminal)
+        with open(terminal, closefd=False) as tty:
+            os.write(controller, b"n\n")
+            declined = cli("delete", made["asked"], stdin=tty)
+            os.write(controller, b"y\n")
+            confirmed = cli("delete", made["asked"], stdin=tty)
     finally:
         os.close(controller)
         os.close(terminal)

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.engine.patterns import MAX_PATTERN_CHARS, UnsafePattern, compile_pattern
 from tests.support.fakes import FakeUpstream
-from tests.test_security import ToolModel
+from tests.support.tool_model import ToolModel
 
 # Each compiled to gigabytes, or for ever, on the backtracking engine used before (or got past the checker
 # written for it: a nested set, a comment, verbose mode).

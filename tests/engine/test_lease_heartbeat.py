@@ -16,9 +16,8 @@ from proxy.config.lcm import LcmSettings
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget
 from proxy.store.location import Location
-from tests.engine.test_compaction import SETTINGS, Scripted, long_turns, open_context_engine
-from tests.engine.test_single_flight import HARD
 from tests.support import REPO
+from tests.support.compaction import HARD, SETTINGS, Scripted, long_turns, open_context_engine
 from tests.support.engine import row_count, run
 
 HEARTBEAT = 0.2  # seconds: short, so that the test takes little time; the default is 2 s

@@ -22,7 +22,7 @@ from proxy.cli.doctor import run_doctor
 from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.store.base import Store
 from proxy.store.location import Location
-from tests.conftest import make_config
+from tests.support.proxies import make_config
 from tests.support.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the acceptance bound

@@ -15,9 +15,8 @@ import pytest
 
 from proxy.engine.ingest import export_conversation
 from proxy.store.location import Location
-from tests.engine.test_compaction_sim import start_sim_proxy
 from tests.support.fakes import FakeUpstream, Reply
-from tests.support.sim import is_summary_request
+from tests.support.sim import is_summary_request, start_sim_proxy
 
 FACT = "The launch code for project Heron is ZEBRA-4471."
 

@@ -15,7 +15,7 @@ from proxy.engine.deletion import Deleter, Retention
 from proxy.engine.doctor import check_database
 from proxy.errors import ConfigError
 from proxy.store.location import Location
-from tests.engine.test_deletion import open_engine, prepare, turns
+from tests.support.deletion import open_engine, prepare, turns
 from tests.support.engine import execute, located, run
 
 DAY = 86400

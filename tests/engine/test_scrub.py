@@ -24,9 +24,9 @@ from proxy.engine.deletion import Deleter, Scrubber
 from proxy.engine.engine import ContextEngine
 from proxy.store.location import Location
 from proxy.store.sqlite.store import SQLiteStore
-from tests.conftest import make_config
-from tests.engine.test_deletion import BIG, SETTINGS, Echo, holding, turns
+from tests.support.deletion import BIG, SETTINGS, Echo, holding, turns
 from tests.support.engine import rows, run
+from tests.support.proxies import make_config
 
 MARKER = "ZqScrubWombat4242"
 

@@ -24,13 +24,11 @@ from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
-from tests.conftest import make_config
-from tests.engine.test_compaction import SETTINGS, Held, Scripted, long_turns, open_context_engine
+from tests.support.compaction import HARD, SETTINGS, Held, Scripted, long_turns, open_context_engine
 from tests.support.engine import elsewhere, row_count, run
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import make_config
 from tests.support.sim import ScriptedModel, is_summary_request
-
-HARD = Budget(window=2500, output_reserve=300, tools=0)  # long_turns(30) is over it: inline compaction
 
 
 class Counting(Scripted):

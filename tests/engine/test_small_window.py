@@ -14,9 +14,16 @@ import httpx
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.engine import budget
-from tests.engine.test_compaction_sim import TOOLS, tool_result
 from tests.support.fakes import FakeUpstream
-from tests.support.sim import ScriptedModel, check_tool_pairing, forwarded_tokens, is_summary_request, without_recall
+from tests.support.sim import (
+    TOOLS,
+    ScriptedModel,
+    check_tool_pairing,
+    forwarded_tokens,
+    is_summary_request,
+    tool_result,
+    without_recall,
+)
 
 WINDOW = 2048
 RESERVE = WINDOW // 4  # the default output reserve on a small window (no max_tokens in the requests)

@@ -15,8 +15,8 @@ from proxy.cli.doctor import run_doctor
 from proxy.engine.ingest import export_conversation
 from proxy.store.files import PENDING
 from proxy.store.location import Location
-from tests.conftest import make_config
-from tests.engine.test_doctor_repair import PENDING_CONTENT, age, killed_writer, pending, stored_conversation
+from tests.support.leftovers import PENDING_CONTENT, age, killed_writer, pending, stored_conversation
+from tests.support.proxies import make_config
 
 
 def test_startup_collects_old_leftovers_of_killed_processes_and_keeps_young_ones(

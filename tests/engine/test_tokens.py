@@ -10,11 +10,7 @@ from proxy import tokens
 from proxy.config.loading import parse_config
 from proxy.engine.budget import Budget
 from proxy.upstream.routing import ModelRouter
-
-CODE = "".join(
-    f"def handler_{i}(request):\n    return {{'status': {i}, 'items': [x * {i} for x in range(9)]}}\n"
-    for i in range(300)
-)
+from tests.support.transcripts import CODE
 
 
 def test_a_legacy_function_call_counts_its_arguments() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import RunningProxy
 
 
 @pytest.fixture(params=["plain", "recall"])

@@ -21,8 +21,8 @@ from proxy.cli.doctor import run_doctor, run_repair
 from proxy.engine.canonical import canonical
 from proxy.engine.ingest import export_conversation
 from proxy.store.location import Location
-from tests.cli.test_cli import console_script, free_port
 from tests.support import REPO
+from tests.support.cli import console_script, free_port
 from tests.support.engine import row_count
 from tests.support.fakes import FakeUpstream
 from tests.support.sim import ScriptedModel

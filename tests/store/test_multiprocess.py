@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from proxy.engine.ingest import export_conversation
-from tests.cli.test_cli import console_script, free_port
 from tests.support import REPO
+from tests.support.cli import console_script, free_port
 from tests.support.engine import assistant, open_engine, run, user
 
 

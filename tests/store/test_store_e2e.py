@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import openai
 
-from tests.conftest import RunningProxy
 from tests.support import REPO
+from tests.support.cli import main
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 
 def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
@@ -82,10 +83,7 @@ def test_big_file_is_stubbed_upstream_and_export_restores_it(
         f"general_settings: {{data_dir: '{proxy.config.general_settings.data_dir}'}}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
-    exported = subprocess.run(
-        [sys.executable, "-m", "proxy", "export", conversation, "--config", str(config)],
-        capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
-    )  # fmt: skip
+    exported = main("export", conversation, "--config", str(config), env=env)
     assert exported.returncode == 0, exported.stderr
     assert json.loads(exported.stdout) == [
         message,
@@ -93,29 +91,11 @@ def test_big_file_is_stubbed_upstream_and_export_restores_it(
         {"role": "user", "content": "thanks"},
         {"role": "assistant", "content": second.json()["choices"][0]["message"]["content"]},  # relayed, stored
     ]
-    listing = subprocess.run(
-        [sys.executable, "-m", "proxy", "conversations", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    listing = main("conversations", "--config", str(config), env=env)
     assert conversation in listing.stdout and "default" in listing.stdout
-    shown = subprocess.run(
-        [sys.executable, "-m", "proxy", "show", conversation, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    shown = main("show", conversation, "--config", str(config), env=env)
     assert shown.returncode == 0 and "stub" in shown.stdout and "[LCM File: file_" in shown.stdout
-    missing = subprocess.run(
-        [sys.executable, "-m", "proxy", "show", "conv_nope", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    missing = main("show", "conv_nope", "--config", str(config), env=env)
     assert missing.returncode == 1 and "no conversation conv_nope" in missing.stderr
 
 

@@ -7,11 +7,12 @@ objects (first in, first out) or, when the script is empty, with an echo of the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,6 +320,31 @@ class FakeUpstream:
         details = {"text_tokens": 5, "image_tokens": 0}
         usage = {"input_tokens": 5, "input_tokens_details": details, "output_tokens": 10, "total_tokens": 15}
         return JSONResponse({"created": 1700000000, "data": [image] * count, "usage": usage})
+
+
+# The fake upstreams serving the whole session (or a module): conftest's autouse fixture resets each before every
+# test, so nothing a test scripted or recorded is seen by the next.
+SESSION_FAKES: list[FakeUpstream] = []
+
+
+@contextlib.contextmanager
+def session_fake(fake: FakeUpstream) -> Iterator[FakeUpstream]:
+    """``fake`` reset before every test while the block runs."""
+    SESSION_FAKES.append(fake)
+    try:
+        yield fake
+    finally:
+        SESSION_FAKES.remove(fake)
+
+
+def reset_fake(fake: FakeUpstream) -> FakeUpstream:
+    fake.requests.clear()
+    fake.script.clear()
+    fake.stream_finished.clear()
+    fake.stream_cancelled.clear()
+    fake.chunks_sent = 0
+    fake.responder = None
+    return fake
 
 
 def wait_for(predicate: Any, timeout: float = 5.0) -> bool:

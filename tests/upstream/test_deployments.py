@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,57 +22,13 @@ from proxy.relay.toolloop import RecallLoop
 from proxy.upstream.balancer import Balancer
 from proxy.upstream.client import Upstream
 from proxy.upstream.routing import ModelRouter
-from tests.cli.test_cli import REPO, free_port, run
-from tests.cli.test_serving import Served
-from tests.conftest import _SESSION_FAKES, UPSTREAM_KEY, RunningProxy
+from tests.support import REPO
+from tests.support.cli import Served, free_port, main
+from tests.support.deployments import answering, deployment, resolved, unavailable
 from tests.support.fakes import FakeUpstream, Reply, wait_for
-from tests.support.servers import serve_in_thread
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 
 UPSTREAM_LOG = "lcm_proxy.upstream"
-
-
-@pytest.fixture(scope="module")
-def second_server() -> Iterator[tuple[FakeUpstream, str]]:
-    """Deployment B's server (A is the session's fake upstream); reset before every test like that one."""
-    fake = FakeUpstream()
-    with serve_in_thread(fake.app) as url:
-        _SESSION_FAKES.append(fake)
-        try:
-            yield fake, url
-        finally:
-            _SESSION_FAKES.remove(fake)
-
-
-@pytest.fixture
-def second(second_server: tuple[FakeUpstream, str]) -> FakeUpstream:
-    return second_server[0]
-
-
-@pytest.fixture
-def second_url(second_server: tuple[FakeUpstream, str]) -> str:
-    return second_server[1]
-
-
-def deployment(name: str, url: str, model: str, window: int = 100000, **params: Any) -> dict[str, Any]:
-    return {
-        "model_name": name,
-        "litellm_params": {"model": f"openai/{model}", "api_base": f"{url}/v1", "api_key": UPSTREAM_KEY, **params},
-        "model_info": {"max_input_tokens": window},
-    }
-
-
-def answering(order: list[str], name: str, reply: Callable[[dict[str, Any]], Reply]) -> Callable[..., Reply]:
-    """A responder that notes which deployment (and model) was asked, in the order the calls arrived."""
-
-    def respond(body: dict[str, Any]) -> Reply:
-        order.append(f"{name}:{body['model']}")
-        return reply(body)
-
-    return respond
-
-
-def unavailable(body: dict[str, Any]) -> Reply:
-    return Reply(status=503, error_message="overloaded", error_type="server_error")
 
 
 def client(proxy: RunningProxy) -> openai.OpenAI:
@@ -336,11 +291,6 @@ def test_summarizer_recall_loop_and_other_calls_fail_over_too(
 # --- the balancer and the report, on their own ----------------------------------------------------------------
 
 
-def resolved(models: list[dict[str, Any]], name: str = "m", **general: Any) -> Any:
-    config = parse_config({"model_list": models, "general_settings": general})
-    return ModelRouter(config.model_list, config.general_settings.fallbacks).resolve(name), config
-
-
 def test_cooldown_ends_and_never_leaves_no_deployment_to_try() -> None:
     now = [1000.0]
     models = [deployment("m", "http://127.0.0.1:1", "a"), deployment("m", "http://127.0.0.1:2", "b")]
@@ -407,7 +357,7 @@ def example_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_litellms_documented_config_passes_check_config_with_warnings(example_env: dict[str, str]) -> None:
-    result = run("check-config", str(EXAMPLE), env=example_env)
+    result = main("check-config", str(EXAMPLE), env=example_env)
     assert result.returncode == 0, result.stderr
     assert "OK (5 warning(s))" in result.stdout
     assert (

@@ -1,6 +1,6 @@
 """Failing over, hardened (issue 22): a deployment that answers again leaves its cooldown at once, and the error
 after every deployment and fallback failed names the model the client asked for, never an internal api_base.
-Two real fake upstreams on loopback (``tests/upstream/test_deployments.py``'s), real proxies."""
+Two real fake upstreams on loopback (the session's and ``tests/upstream/conftest.py``'s), real proxies."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import httpx
 import pytest
 
 from proxy.upstream.balancer import Balancer
+from tests.support.deployments import answering, deployment, resolved, unavailable
 from tests.support.fakes import FakeUpstream, Reply
-from tests.upstream import test_deployments
-from tests.upstream.test_deployments import answering, deployment, resolved, unavailable
-
-# Deployment B's fake upstream, shared with tests/upstream/test_deployments.py (A is the session's).
-second_server = test_deployments.second_server
-second = test_deployments.second
-second_url = test_deployments.second_url
 
 # --- a recovered deployment leaves its cooldown -------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 
 BASE = {"id": "chatcmpl-h", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
 FIRST = {**BASE, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": None}]}

@@ -19,8 +19,8 @@ from proxy.app import create_app
 from proxy.config.loading import load_config
 from proxy.errors import ConfigError
 from proxy.upstream.routing import ModelRouter
-from tests.conftest import UPSTREAM_KEY
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import UPSTREAM_KEY
 from tests.support.servers import serve_in_thread
 
 CONFIG = """

@@ -32,8 +32,8 @@ import pytest
 
 from proxy.app import create_app
 from proxy.upstream.errors import MAX_RETRY_AFTER
-from tests.conftest import UPSTREAM_KEY, make_config
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, AppProxy, make_config
 from tests.support.servers import probe_healthz_while, serve_in_thread
 
 HEALTHZ_BOUND = 0.100  # seconds: the acceptance bound
@@ -122,19 +122,20 @@ def test_a_6_million_input_embeddings_request_is_refused_before_anything_walks_i
 
 
 def test_more_than_2048_inputs_is_a_400_naming_input_before_any_upstream_call(
-    proxy: Any, fake_upstream: FakeUpstream
+    app_proxy: AppProxy, fake_upstream: FakeUpstream
 ) -> None:
+    proxy = app_proxy
     body = {"model": "test-model", "input": ["x"] * (INPUTS + 1)}
-    response = httpx.post(f"{proxy.base_url}/embeddings", json=body, timeout=20)
+    response = proxy.client.post(f"{proxy.base_url}/embeddings", json=body, timeout=20)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "input" and error["code"] == "array_above_max_length"
     assert "maximum length 2048" in error["message"] and "2049" in error["message"]
     assert fake_upstream.requests == []
     # Token-id arrays count as inputs too; one array of token ids is one input.
-    tokens = httpx.post(f"{proxy.base_url}/embeddings", json={**body, "input": [[1]] * (INPUTS + 1)}, timeout=20)
+    tokens = proxy.client.post(f"{proxy.base_url}/embeddings", json={**body, "input": [[1]] * (INPUTS + 1)}, timeout=20)
     assert tokens.status_code == 400 and tokens.json()["error"]["param"] == "input"
-    one = httpx.post(f"{proxy.base_url}/embeddings", json={**body, "input": list(range(INPUTS + 1))}, timeout=20)
+    one = proxy.client.post(f"{proxy.base_url}/embeddings", json={**body, "input": list(range(INPUTS + 1))}, timeout=20)
     assert one.status_code == 200, one.text
 
 

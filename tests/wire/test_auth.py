@@ -5,16 +5,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from proxy.config.settings import GeneralSettings
-from tests.conftest import UPSTREAM_KEY
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import UPSTREAM_KEY, AppProxy
 
 KEYS = [{"key": "sk-proxy-alice-000000", "tenant": "alice"}, {"key": "sk-proxy-bob-1111111", "tenant": "bob"}]
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def module_keyed(module_app_factory: Any) -> AppProxy:
+    """One proxy with keys for the module's checks of who may chat: a refused request stores nothing, and an
+    accepted one a conversation no other check reads."""
+    return module_app_factory(api_keys=KEYS)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(
@@ -30,10 +36,10 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
     ],
 )
 def test_chat_requires_a_configured_key(
-    proxy_factory: Any, fake_upstream: FakeUpstream, headers: dict[str, str], status: int
+    module_keyed: AppProxy, fake_upstream: FakeUpstream, headers: dict[str, str], status: int
 ) -> None:
-    proxy = proxy_factory(api_keys=KEYS)
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=10)
+    proxy = module_keyed
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=10)
     assert response.status_code == status, response.text
     if status == 401:
         assert response.json()["error"]["type"] == "authentication_error"
@@ -42,14 +48,16 @@ def test_chat_requires_a_configured_key(
         assert fake_upstream.requests == []
 
 
-def test_models_requires_key_and_healthz_does_not(proxy_factory: Any) -> None:
-    proxy = proxy_factory(api_keys=KEYS)
-    assert httpx.get(f"{proxy.base_url}/models", timeout=10).status_code == 401
-    assert httpx.get(f"{proxy.url}/healthz", timeout=10).json()["status"] == "ok"
-    sdk = openai.OpenAI(base_url=proxy.base_url, api_key="sk-proxy-alice-000000", max_retries=0)
+def test_models_requires_key_and_healthz_does_not(app_factory: Any) -> None:
+    proxy = app_factory(api_keys=KEYS)
+    assert proxy.client.get(f"{proxy.base_url}/models", timeout=10).status_code == 401
+    assert proxy.client.get(f"{proxy.url}/healthz", timeout=10).json()["status"] == "ok"
+    sdk = openai.OpenAI(base_url=proxy.base_url, api_key="sk-proxy-alice-000000", max_retries=0, http_client=proxy.client)
     assert [m.id for m in sdk.models.list()] == ["test-model", "unreachable"]
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=proxy.base_url, api_key="nope-nope-nope", max_retries=0).models.list()
+        openai.OpenAI(
+            base_url=proxy.base_url, api_key="nope-nope-nope", max_retries=0, http_client=proxy.client
+        ).models.list()
 
 
 def test_bind_host_defaults() -> None:
@@ -58,15 +66,15 @@ def test_bind_host_defaults() -> None:
     assert GeneralSettings(host="10.1.2.3").bind_host() == "10.1.2.3"
 
 
-def test_keys_never_logged(proxy_factory: Any, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture) -> None:
+def test_keys_never_logged(app_factory: Any, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    proxy = proxy_factory(api_keys=KEYS)
-    httpx.post(
+    proxy = app_factory(api_keys=KEYS)
+    proxy.client.post(
         f"{proxy.base_url}/chat/completions",
         json=CHAT,
         headers={"authorization": "Bearer sk-proxy-alice-000000"},
     )
-    httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"})
+    proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"})
     text = caplog.text
     assert "model test-model -> openai/fake-model" in text  # startup log happened and was captured
     for secret in ("sk-proxy-alice-000000", "sk-proxy-bob-1111111", "sk-guess-99999999", UPSTREAM_KEY):

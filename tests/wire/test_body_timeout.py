@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 
 TIMEOUT = 0.5  # the configured body_read_timeout: the trickle below would take 20 s to finish its body
 
@@ -97,7 +97,7 @@ def test_a_trickled_multipart_upload_is_a_408(proxy_factory: Any, fake_upstream:
 
 
 def test_the_default_is_a_minute(tmp_path: Any, upstream_url: str) -> None:
-    from tests.conftest import make_config
+    from tests.support.proxies import make_config
 
     assert make_config(upstream_url, tmp_path).general_settings.body_read_timeout == 60
 

@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from tests.conftest import RunningProxy
-from tests.engine.test_compaction_e2e import long_history
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import RunningProxy
 from tests.support.servers import serve_in_thread
+from tests.support.transcripts import long_history
 
 CHROMIUM = "/usr/bin/chromium"
 PAGE = "<!doctype html><html><head><title>page</title></head><body>a page</body></html>"

@@ -19,18 +19,18 @@ from proxy.app import create_app
 from proxy.config.loading import parse_config
 from proxy.errors import ConfigError
 from proxy.wire.guard import Hosts, split_host
-from tests.conftest import RunningProxy, make_config
-from tests.engine.test_compaction_e2e import long_history
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import AppProxy, make_config
 from tests.support.servers import serve_in_thread
+from tests.support.transcripts import long_history
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
 EVIL = "http://evil.example"
 LCM = {"fresh_tail_count": 4, "leaf_chunk_tokens": 300, "leaf_target_tokens": 64}
 
 
-def port_of(proxy: RunningProxy) -> int:
-    return int(urlsplit(proxy.url).port or 0)
+def port_of(app_proxy: AppProxy) -> int:
+    return int(urlsplit(app_proxy.url).port or 0)
 
 
 def error(response: httpx.Response, status: int, code: str) -> str:
@@ -41,8 +41,8 @@ def error(response: httpx.Response, status: int, code: str) -> str:
     return str(body["message"])
 
 
-def stored(proxy: RunningProxy) -> list[str]:
-    response = httpx.get(f"{proxy.url}/lcm/conversations", timeout=20)
+def stored(app_proxy: AppProxy) -> list[str]:
+    response = app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", timeout=20)
     assert response.status_code == 200, response.text
     return [c["id"] for c in response.json()["data"]]
 
@@ -50,41 +50,41 @@ def stored(proxy: RunningProxy) -> list[str]:
 # --- Host: DNS rebinding ------------------------------------------------------------------------------------
 
 
-def test_a_rebound_host_is_refused_on_loopback(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    port = port_of(proxy)
-    conversation = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, timeout=20)
+def test_a_rebound_host_is_refused_on_loopback(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
+    port = port_of(app_proxy)
+    conversation = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, timeout=20)
     assert conversation.status_code == 200
     conversation_id = conversation.headers["x-lcm-conversation-id"]
     sent = len(fake_upstream.requests)
     evil = {"host": f"evil.example:{port}"}
     # What a rebinding page would do as "its own origin": read the history, delete it, chat on our keys.
-    message = error(httpx.get(f"{proxy.url}/lcm/conversations", headers=evil), 403, "host_not_allowed")
+    message = error(app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", headers=evil), 403, "host_not_allowed")
     assert "evil.example" in message and "allowed_hosts" in message
-    error(httpx.get(f"{proxy.url}/lcm/conversations/{conversation_id}/messages", headers=evil), 403, "host_not_allowed")
-    error(httpx.delete(f"{proxy.url}/lcm/conversations/{conversation_id}", headers=evil), 403, "host_not_allowed")
-    error(httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=evil), 403, "host_not_allowed")
-    error(httpx.get(f"{proxy.url}/healthz", headers={"host": "evil.example"}), 403, "host_not_allowed")
-    error(httpx.get(f"{proxy.url}/healthz", headers={"host": ""}), 403, "host_not_allowed")
-    assert len(fake_upstream.requests) == sent and stored(proxy) == [conversation_id]
+    error(app_proxy.client.get(f"{app_proxy.url}/lcm/conversations/{conversation_id}/messages", headers=evil), 403, "host_not_allowed")
+    error(app_proxy.client.delete(f"{app_proxy.url}/lcm/conversations/{conversation_id}", headers=evil), 403, "host_not_allowed")
+    error(app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers=evil), 403, "host_not_allowed")
+    error(app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": "evil.example"}), 403, "host_not_allowed")
+    error(app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": ""}), 403, "host_not_allowed")
+    assert len(fake_upstream.requests) == sent and stored(app_proxy) == [conversation_id]
     # Loopback names and addresses, with any port or none, are this machine.
     for host in (f"localhost:{port}", "LOCALHOST", "localhost.", "app.localhost:5173", "127.0.0.1", "127.1.2.3:9"):
-        assert httpx.get(f"{proxy.url}/healthz", headers={"host": host}).status_code == 200, host
-    assert httpx.get(f"{proxy.url}/healthz", headers={"host": f"[::1]:{port}"}).status_code == 200
+        assert app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": host}).status_code == 200, host
+    assert app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": f"[::1]:{port}"}).status_code == 200
 
 
-def test_allowed_hosts_names_the_others(proxy_factory: Any) -> None:
-    proxy = proxy_factory(allowed_hosts=["proxy.internal", ".example.com", "10.0.0.7", "[fd00::1]"])
+def test_allowed_hosts_names_the_others(app_factory: Any) -> None:
+    proxy = app_factory(allowed_hosts=["proxy.internal", ".example.com", "10.0.0.7", "[fd00::1]"])
 
     def status(host: str) -> int:
-        return httpx.get(f"{proxy.url}/healthz", headers={"host": host}, timeout=20).status_code
+        return proxy.client.get(f"{proxy.url}/healthz", headers={"host": host}, timeout=20).status_code
 
     for host in ("proxy.internal:4000", "example.com", "api.example.com", "10.0.0.7:4000", "[fd00::1]:80"):
         assert status(host) == 200, host
     assert status(f"localhost:{port_of(proxy)}") == 200  # loopback always: health checks, the machine's own tools
     for host in ("evil.example", "example.com.evil.example", "notexample.com", "10.0.0.8", "proxy.internal.evil"):
         assert status(host) == 403, host
-    anyone = proxy_factory(allowed_hosts=["*"])
-    assert httpx.get(f"{anyone.url}/healthz", headers={"host": "evil.example"}, timeout=20).status_code == 200
+    anyone = app_factory(allowed_hosts=["*"])
+    assert anyone.client.get(f"{anyone.url}/healthz", headers={"host": "evil.example"}, timeout=20).status_code == 200
 
 
 def test_a_non_loopback_bind_without_keys_serves_only_names_a_page_cannot_rebind(
@@ -186,10 +186,10 @@ def test_allowed_hosts_entries_must_be_host_names(tmp_path: Any, entry: str) -> 
 # --- cross-site requests and content types -------------------------------------------------------------------
 
 
-def test_simple_cross_site_requests_run_nothing(proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
-    proxy = proxy_factory(lcm=LCM)
+def test_simple_cross_site_requests_run_nothing(app_factory: Any, fake_upstream: FakeUpstream) -> None:
+    proxy = app_factory(lcm=LCM)
     history = long_history(12)
-    created = httpx.post(f"{proxy.base_url}/chat/completions", json={**CHAT, "messages": history}, timeout=30)
+    created = proxy.client.post(f"{proxy.base_url}/chat/completions", json={**CHAT, "messages": history}, timeout=30)
     assert created.status_code == 200
     conversation = created.headers["x-lcm-conversation-id"]
     sent = len(fake_upstream.requests)
@@ -197,72 +197,72 @@ def test_simple_cross_site_requests_run_nothing(proxy_factory: Any, fake_upstrea
     text_chat = CHAT | {"messages": [{"role": "user", "content": "spend their keys"}]}
     # A page's fetch() of a text/plain POST, and a form posted at the proxy: no preflight, so only the proxy
     # can say no.
-    plain = httpx.post(
+    plain = proxy.client.post(
         f"{proxy.base_url}/chat/completions",
         content=orjson.dumps(text_chat),
         headers={**evil, "content-type": "text/plain;charset=UTF-8"},
     )
     assert "evil.example" in error(plain, 403, "cross_origin_request")
-    form = httpx.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", data={"x": "1"}, headers=evil)
+    form = proxy.client.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", data={"x": "1"}, headers=evil)
     error(form, 403, "cross_origin_request")
     # JSON from another origin too (a non-browser could send it; a browser would have asked first).
-    error(httpx.post(f"{proxy.base_url}/chat/completions", json=text_chat, headers=evil), 403, "cross_origin_request")
-    error(httpx.delete(f"{proxy.url}/lcm/conversations/{conversation}", headers=evil), 403, "cross_origin_request")
+    error(proxy.client.post(f"{proxy.base_url}/chat/completions", json=text_chat, headers=evil), 403, "cross_origin_request")
+    error(proxy.client.delete(f"{proxy.url}/lcm/conversations/{conversation}", headers=evil), 403, "cross_origin_request")
     # An <img> or <script> pointed at the history: no Origin, but Sec-Fetch-Site says who sent it.
     for sender in ("cross-site", "same-site"):
-        loaded = httpx.get(f"{proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender})
+        loaded = proxy.client.get(f"{proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender})
         error(loaded, 403, "cross_origin_request")
     # Another port of this machine is another origin (a dev server's page at localhost:5173).
     other_port = {"origin": "http://localhost:5173", "sec-fetch-site": "same-site"}
-    error(httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=other_port), 403, "cross_origin_request")
+    error(proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=other_port), 403, "cross_origin_request")
     error(
-        httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": "null"}),
+        proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": "null"}),
         403,
         "cross_origin_request",
     )
     assert len(fake_upstream.requests) == sent  # nothing reached the upstream: no chat, no summary
     assert stored(proxy) == [conversation]
-    detail = httpx.get(f"{proxy.url}/lcm/conversations/{conversation}", timeout=20).json()
+    detail = proxy.client.get(f"{proxy.url}/lcm/conversations/{conversation}", timeout=20).json()
     assert detail["context_summaries"] == []  # the compaction never ran
     # The same compaction asked for by a tool runs, so the refusal above is what stopped it.
-    compacted = httpx.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", timeout=60)
+    compacted = proxy.client.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", timeout=60)
     assert compacted.status_code == 200 and compacted.json()["leaf_passes"] >= 1
 
 
 @pytest.mark.parametrize("origin", ["http://[", "http://[::1", "http://[::1]x", "http://[zz]:80", "https://[::1:4000"])
-def test_an_unparsable_origin_is_another_origin(proxy: RunningProxy, fake_upstream: FakeUpstream, origin: str) -> None:
+def test_an_unparsable_origin_is_another_origin(app_proxy: AppProxy, fake_upstream: FakeUpstream, origin: str) -> None:
     # urlsplit raises on these; a request carrying one is refused like any other origin, never a 500.
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
+    response = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
     assert "Origin" in error(response, 403, "cross_origin_request")
     assert fake_upstream.requests == []
 
 
-def test_same_origin_and_tools_are_served(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    port = port_of(proxy)
-    for origin in (proxy.url, f"http://127.0.0.1:{port}", f"https://127.0.0.1:{port}"):
-        same = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
+def test_same_origin_and_tools_are_served(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
+    port = port_of(app_proxy)
+    for origin in (app_proxy.url, f"http://127.0.0.1:{port}", f"https://127.0.0.1:{port}"):
+        same = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
         assert same.status_code == 200, (origin, same.text)
     for sender in ("same-origin", "none"):  # the proxy's own origin, or typed into the address bar
-        assert httpx.get(f"{proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender}).status_code == 200
+        assert app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender}).status_code == 200
     # The real SDK, as ever.
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=app_proxy.base_url, api_key="unused", max_retries=0, http_client=app_proxy.client)
     answer = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "sdk"}])
     assert answer.choices[0].message.content == "echo: sdk"
 
 
-def test_a_listed_origin_is_served_and_can_read_refusals(proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
+def test_a_listed_origin_is_served_and_can_read_refusals(app_factory: Any, fake_upstream: FakeUpstream) -> None:
     app = "https://app.example.com"
-    proxy = proxy_factory(cors_allow_origins=[app])
+    proxy = app_factory(cors_allow_origins=[app])
     headers = {"origin": app, "sec-fetch-site": "cross-site"}
-    answered = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=20)
+    answered = proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=20)
     assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == app
     # Its page may not send text/plain either, and can read why (CORS headers on the refusal).
-    plain = httpx.post(
+    plain = proxy.client.post(
         f"{proxy.base_url}/chat/completions", content=b"{}", headers={**headers, "content-type": "text/plain"}
     )
     assert "text/plain" in error(plain, 415, "unsupported_media_type")
     assert plain.headers["access-control-allow-origin"] == app
-    refused = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": EVIL})
+    refused = proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": EVIL})
     error(refused, 403, "cross_origin_request")
     assert "access-control-allow-origin" not in refused.headers
 
@@ -283,39 +283,39 @@ def test_a_listed_origin_is_served_and_can_read_refusals(proxy_factory: Any, fak
     ],
 )
 def test_json_endpoints_take_json(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, content_type: str | None, status: int
+    app_proxy: AppProxy, fake_upstream: FakeUpstream, content_type: str | None, status: int
 ) -> None:
     headers = {"content-type": content_type} if content_type else {}
     body = orjson.dumps(CHAT)
-    response = httpx.post(f"{proxy.base_url}/chat/completions", content=body, headers=headers, timeout=20)
+    response = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", content=body, headers=headers, timeout=20)
     if status == 200:
         assert response.status_code == 200, response.text
         return
     message = error(response, 415, "unsupported_media_type")
     assert (content_type or "").split(";")[0].lower() in message and "application/json" in message
-    assert fake_upstream.requests == [] and stored(proxy) == []
+    assert fake_upstream.requests == [] and stored(app_proxy) == []
 
 
-def test_multipart_stays_where_openai_takes_it(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+def test_multipart_stays_where_openai_takes_it(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
     for path in ("/v1/audio/transcriptions", "/audio/translations", "/v1/images/edits"):
         # The guard lets multipart through (the route then reads the fields) and refuses a form or text.
-        multipart = httpx.post(f"{proxy.url}{path}", files={"unused": ("a.bin", b"")}, data={"x": "1"}, timeout=20)
+        multipart = app_proxy.client.post(f"{app_proxy.url}{path}", files={"unused": ("a.bin", b"")}, data={"x": "1"}, timeout=20)
         assert multipart.status_code == 400 and multipart.json()["error"]["code"] != "unsupported_media_type"
-        form = httpx.post(f"{proxy.url}{path}", data={"model": "test-model"}, timeout=20)
+        form = app_proxy.client.post(f"{app_proxy.url}{path}", data={"model": "test-model"}, timeout=20)
         assert "multipart/form-data" in error(form, 415, "unsupported_media_type")
-    embeddings = httpx.post(f"{proxy.base_url}/embeddings", files={"input": ("a.txt", b"hi")}, timeout=20)
+    embeddings = app_proxy.client.post(f"{app_proxy.base_url}/embeddings", files={"input": ("a.txt", b"hi")}, timeout=20)
     error(embeddings, 415, "unsupported_media_type")
     assert fake_upstream.requests == []
 
 
-def test_lcm_routes_refuse_forms_and_text_too(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    conversation = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, timeout=20)
+def test_lcm_routes_refuse_forms_and_text_too(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
+    conversation = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, timeout=20)
     conversation_id = conversation.headers["x-lcm-conversation-id"]
-    url = f"{proxy.url}/lcm/conversations/{conversation_id}"
-    error(httpx.post(f"{url}/compact", data={"x": "1"}, timeout=20), 415, "unsupported_media_type")
-    plain = httpx.request("DELETE", url, content=b"x", headers={"content-type": "text/plain"}, timeout=20)
+    url = f"{app_proxy.url}/lcm/conversations/{conversation_id}"
+    error(app_proxy.client.post(f"{url}/compact", data={"x": "1"}, timeout=20), 415, "unsupported_media_type")
+    plain = app_proxy.client.request("DELETE", url, content=b"x", headers={"content-type": "text/plain"}, timeout=20)
     error(plain, 415, "unsupported_media_type")
-    assert stored(proxy) == [conversation_id]
+    assert stored(app_proxy) == [conversation_id]
     # Without a body (curl -X DELETE, curl -X POST), as ever.
-    assert httpx.post(f"{url}/compact", timeout=60).status_code == 200
-    assert httpx.delete(url, timeout=20).status_code == 200 and stored(proxy) == []
+    assert app_proxy.client.post(f"{url}/compact", timeout=60).status_code == 200
+    assert app_proxy.client.delete(url, timeout=20).status_code == 200 and stored(app_proxy) == []

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from proxy.app import create_app
-from tests.conftest import make_config
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import make_config
 from tests.support.servers import serve_in_thread
 
 

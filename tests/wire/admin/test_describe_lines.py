@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.engine.test_recall import setup
 from tests.support.engine import run
+from tests.support.recall import setup
 
 
 def test_an_end_line_before_the_start_line_is_refused(tmp_path: Path) -> None:

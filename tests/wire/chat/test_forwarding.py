@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, RunningProxy
 
 TOOLS = [
     {

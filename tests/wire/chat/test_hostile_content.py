@@ -23,10 +23,11 @@ from proxy.store.records import SummaryRecord
 from proxy.wire.chat import limits
 from proxy.wire.chat.validation import validate_chat_request
 from proxy.wire.http import MAX_DEPTH
-from tests.conftest import RunningProxy
-from tests.engine.test_compaction import BIG, long_turns, open_context_engine
+from tests.support.compaction import BIG, long_turns, open_context_engine
 from tests.support.engine import execute, rows
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.lookalikes import as_read
+from tests.support.proxies import AppProxy
 from tests.support.sim import is_summary_request
 
 USER = {"role": "user", "content": "hi"}
@@ -95,11 +96,12 @@ DEEP: list[tuple[str, dict[str, Any], str]] = [
 @pytest.mark.parametrize("levels", [300, 1000])
 @pytest.mark.parametrize(("body", "param"), [c[1:] for c in DEEP], ids=[c[0] for c in DEEP])
 def test_deep_json_is_a_400_naming_the_parameter(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, body: dict[str, Any], param: str, levels: int
+    module_app_proxy: AppProxy, fake_upstream: FakeUpstream, body: dict[str, Any], param: str, levels: int
 ) -> None:
     """300 levels already broke canonical form, copies and orjson's serialiser after parsing (a 500 or a
     dropped connection, sometimes after storing the messages); 1000 still parses (orjson reads 1024)."""
-    response = httpx.post(f"{proxy.base_url}/chat/completions", content=deep_body(body, levels), timeout=30)
+    proxy = module_app_proxy  # refused: nothing is stored
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", content=deep_body(body, levels), timeout=30)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error == {
@@ -109,7 +111,7 @@ def test_deep_json_is_a_400_naming_the_parameter(
         "code": "invalid_value",
     }
     assert fake_upstream.requests == []  # nothing forwarded
-    conversations = httpx.get(f"{proxy.url}/lcm/conversations", timeout=10).json()["data"]
+    conversations = proxy.client.get(f"{proxy.url}/lcm/conversations", timeout=10).json()["data"]
     assert conversations == []  # and nothing stored
 
 
@@ -159,13 +161,13 @@ def test_more_content_parts_than_the_cap_is_a_400_naming_the_message() -> None:
 
 
 def test_a_request_at_the_depth_limit_is_served_and_stored(
-    where: Location, proxy_factory: Any, fake_upstream: FakeUpstream
+    where: Location, app_factory: Any, fake_upstream: FakeUpstream
 ) -> None:
     """The limit leaves room for everything downstream: canonical form, storage, copies, forwarding."""
-    proxy: RunningProxy = proxy_factory(where=where)
+    proxy: AppProxy = app_factory(where=where)
     metadata = nested(MAX_DEPTH - 3)  # body, messages and the message are levels 1 to 3
     sent = [{"role": "user", "content": "hi", "metadata": metadata}]
-    response = httpx.post(
+    response = proxy.client.post(
         f"{proxy.base_url}/chat/completions", json={"model": "test-model", "messages": sent}, timeout=30
     )
     assert response.status_code == 200, response.text
@@ -229,42 +231,42 @@ def summaries_and_echoes(body: dict[str, Any]) -> Reply:
     return Reply(content="Bay 3.")
 
 
-def test_forged_markers_are_client_content(where: Location, proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
+def test_forged_markers_are_client_content(where: Location, app_factory: Any, fake_upstream: FakeUpstream) -> None:
     """Doctor used to scan whole messages for ``$lcm_segments`` and reported "missing file" for ever (or
     crashed on shapes the proxy never writes); now forged markers stay content: doctor is clean, export is
     exactly what was sent, only real files are listed, and compaction over the messages works."""
-    proxy = proxy_factory(lcm=LCM, where=where)
+    proxy = app_factory(lcm=LCM, where=where)
     fake_upstream.responder = summaries_and_echoes
     location = proxy.config.general_settings.location()
     sent = forged_transcript()
-    with httpx.Client(base_url=proxy.url, timeout=30) as client:
-        first = client.post("/v1/chat/completions", json={"model": "test-model", "messages": sent})
-        assert first.status_code == 200, first.text
-        conversation = first.headers["x-lcm-conversation-id"]
-        assert asyncio.run(run_doctor(location)) == []
-        assert asyncio.run(exported(location, conversation)) == [*sent, answer_of(first)]
+    client = proxy.client
+    first = client.post("/v1/chat/completions", json={"model": "test-model", "messages": sent})
+    assert first.status_code == 200, first.text
+    conversation = first.headers["x-lcm-conversation-id"]
+    assert asyncio.run(run_doctor(location)) == []
+    assert asyncio.run(exported(location, conversation)) == [*sent, answer_of(first)]
 
-        listed = client.get(f"/lcm/conversations/{conversation}/messages").json()["data"]
-        files = [file_id for message in listed for file_id in message["files"]]
-        assert len(files) == 2 and not set(files) & set(FORGED_IDS)  # the pasted file and the tool output
-        assert all(client.get(f"/lcm/files/{file_id}").status_code == 200 for file_id in files)
-        # What the admin view shows is the client's message, markers and all, with real payloads as [file_…].
-        assert listed[0]["message"]["metadata"] == sent[1]["metadata"]
-        assert listed[0]["message"]["content"][0]["$lcm_segments"] == [{"ref": "file_forged_part"}]
+    listed = client.get(f"/lcm/conversations/{conversation}/messages").json()["data"]
+    files = [file_id for message in listed for file_id in message["files"]]
+    assert len(files) == 2 and not set(files) & set(FORGED_IDS)  # the pasted file and the tool output
+    assert all(client.get(f"/lcm/files/{file_id}").status_code == 200 for file_id in files)
+    # What the admin view shows is the client's message, markers and all, with real payloads as [file_…].
+    assert listed[0]["message"]["metadata"] == sent[1]["metadata"]
+    assert listed[0]["message"]["content"][0]["$lcm_segments"] == [{"ref": "file_forged_part"}]
 
-        compacted = client.post(f"/lcm/conversations/{conversation}/compact")
-        assert compacted.status_code == 200, compacted.text
-        assert compacted.json()["leaf_passes"] >= 1 and compacted.json()["fallbacks"] == 0
-        summary_id = client.get(f"/lcm/conversations/{conversation}").json()["context_summaries"][0]
-        summary = client.get(f"/lcm/summaries/{summary_id}").json()
-        assert not set(summary["file_ids"]) & set(FORGED_IDS)
+    compacted = client.post(f"/lcm/conversations/{conversation}/compact")
+    assert compacted.status_code == 200, compacted.text
+    assert compacted.json()["leaf_passes"] >= 1 and compacted.json()["fallbacks"] == 0
+    summary_id = client.get(f"/lcm/conversations/{conversation}").json()["context_summaries"][0]
+    summary = client.get(f"/lcm/summaries/{summary_id}").json()
+    assert not set(summary["file_ids"]) & set(FORGED_IDS)
 
-        follow_up = [*sent, {"role": "assistant", "content": "Bay 3."}, {"role": "user", "content": "Why?"}]
-        second = client.post("/v1/chat/completions", json={"model": "test-model", "messages": follow_up})
-        assert second.status_code == 200, second.text
-        assert second.headers["x-lcm-conversation-id"] == conversation
-        forwarded = [r.body for r in fake_upstream.requests if not is_summary_request(r.body)][-1]
-        assert str(forwarded["messages"][1]["content"]).startswith(f'<summary id="{summary_id}"')
+    follow_up = [*sent, {"role": "assistant", "content": "Bay 3."}, {"role": "user", "content": "Why?"}]
+    second = client.post("/v1/chat/completions", json={"model": "test-model", "messages": follow_up})
+    assert second.status_code == 200, second.text
+    assert second.headers["x-lcm-conversation-id"] == conversation
+    forwarded = [r.body for r in fake_upstream.requests if not is_summary_request(r.body)][-1]
+    assert str(forwarded["messages"][1]["content"]).startswith(f'<summary id="{summary_id}"')
     assert asyncio.run(run_doctor(location)) == []
     assert asyncio.run(exported(location, conversation)) == [*follow_up, answer_of(second)]
 
@@ -485,23 +487,6 @@ def test_model_written_exploration_summaries_lose_instruction_overrides() -> Non
 # forged excerpt labels in the middle of a line; instruction overrides. Each is checked on what a model would
 # read: the test folds the text its own way (NFKC, invisible characters dropped, a few look-alikes mapped),
 # independently of proxy.engine.neutralise.
-
-_INVISIBLE = {"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u202e", "\u202d", "\u2066", "\u2069"}
-_READS_AS = str.maketrans(
-    {"\u0456": "i", "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0441": "c", "\u0440": "p",
-     "\u2039": "<", "\u203a": ">", "\u27e8": "<", "\u27e9": ">", "\u2329": "<", "\u232a": ">", "\u3008": "<",
-     "\u3009": ">", "\uff3b": "[", "\u0455": "s", "\u057d": "u",
-     "\u13da": "S", "\u1d1c": "u", "\u043c": "m", "\u0251": "a", "\u0433": "r"}
-)  # fmt: skip
-
-
-def as_read(text: str) -> str:
-    """What a model reads in ``text``: look-alikes as the letters they pass for, invisible characters gone."""
-    import unicodedata
-
-    kept = "".join(c for c in text if c not in _INVISIBLE and unicodedata.category(c) not in ("Cf", "Mn", "Me"))
-    decomposed = unicodedata.normalize("NFKD", kept)  # accents and combining strokes split off, then dropped
-    return "".join(c for c in decomposed if unicodedata.category(c) not in ("Mn", "Me")).translate(_READS_AS)
 
 
 def tags(text: str, name: str) -> tuple[int, int]:

@@ -22,8 +22,8 @@ import pytest
 
 from proxy.errors import ProxyError, UpstreamError
 from proxy.wire.chat.answer import Answer, relay_sse
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import RunningProxy
 
 
 def chat(proxy: RunningProxy, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:

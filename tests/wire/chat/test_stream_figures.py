@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from proxy.wire.chat import routes
-from tests.engine.test_inline_deadline import HeldSummaries, history, start
+from tests.support.held_summaries import HeldSummaries, history, start
 from tests.support.servers import serve_in_thread
 
 FIGURES = (

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from proxy.errors import InvalidRequestError
 from proxy.wire.chat.validation import validate_chat_request
-from tests.conftest import RunningProxy
 from tests.support.fakes import FakeUpstream
+from tests.support.proxies import AppProxy
 
 USER = {"role": "user", "content": "hi"}
 
@@ -87,13 +86,14 @@ MALFORMED: list[tuple[str, Any, int, str | None]] = [
 
 @pytest.mark.parametrize(("payload", "status", "param"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
 def test_malformed_request(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, payload: Any, status: int, param: str | None
+    module_app_proxy: AppProxy, fake_upstream: FakeUpstream, payload: Any, status: int, param: str | None
 ) -> None:
+    proxy = module_app_proxy  # the requests are refused: nothing is stored
     url = f"{proxy.base_url}/chat/completions"
     if isinstance(payload, bytes):
-        response = httpx.post(url, content=payload, headers={"content-type": "application/json"}, timeout=10)
+        response = proxy.client.post(url, content=payload, headers={"content-type": "application/json"}, timeout=10)
     else:
-        response = httpx.post(url, json=payload, timeout=10)
+        response = proxy.client.post(url, json=payload, timeout=10)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param
@@ -103,36 +103,38 @@ def test_malformed_request(
     assert fake_upstream.requests == []  # nothing was forwarded
 
 
-def test_unknown_model_code(proxy: RunningProxy) -> None:
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=body(model="gpt-nope"), timeout=10)
+def test_unknown_model_code(module_app_proxy: AppProxy) -> None:
+    proxy = module_app_proxy
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", json=body(model="gpt-nope"), timeout=10)
     assert response.json()["error"]["code"] == "model_not_found"
     assert "gpt-nope" in response.json()["error"]["message"]
 
 
-def test_body_over_limit_is_413(proxy_factory: Any, fake_upstream: FakeUpstream) -> None:
-    proxy = proxy_factory(max_body_bytes=4096)
+def test_body_over_limit_is_413(app_factory: Any, fake_upstream: FakeUpstream) -> None:
+    proxy = app_factory(max_body_bytes=4096)
     big = body(messages=[{"role": "user", "content": "x" * 10000}])
-    response = httpx.post(f"{proxy.base_url}/chat/completions", json=big, timeout=10)
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", json=big, timeout=10)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
     assert fake_upstream.requests == []
 
 
-def test_chunked_body_over_limit_is_413(proxy_factory: Any) -> None:
-    proxy = proxy_factory(max_body_bytes=4096)
+def test_chunked_body_over_limit_is_413(app_factory: Any) -> None:
+    proxy = app_factory(max_body_bytes=4096)
 
     def chunks():  # no content-length: the limit must hold while streaming the body in
         for _ in range(10):
             yield b"x" * 1000
 
-    response = httpx.post(f"{proxy.base_url}/chat/completions", content=chunks(), timeout=10)
+    response = proxy.client.post(f"{proxy.base_url}/chat/completions", content=chunks(), timeout=10)
     assert response.status_code == 413
 
 
-def test_unknown_path_and_method_are_json(proxy: RunningProxy) -> None:
-    missing = httpx.get(f"{proxy.url}/v1/nothing", timeout=10)
+def test_unknown_path_and_method_are_json(module_app_proxy: AppProxy) -> None:
+    proxy = module_app_proxy
+    missing = proxy.client.get(f"{proxy.url}/v1/nothing", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_url"
-    wrong = httpx.get(f"{proxy.base_url}/chat/completions", timeout=10)
+    wrong = proxy.client.get(f"{proxy.base_url}/chat/completions", timeout=10)
     assert wrong.status_code == 405 and wrong.json()["error"]["message"]
 
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, RunningProxy
 from tests.support.fakes import FakeUpstream, Reply
+from tests.support.proxies import UPSTREAM_KEY, AppProxy, RunningProxy
 
 PROXY_KEY = "sk-proxy-client-key-0001"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
@@ -23,6 +23,12 @@ WAV = b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 24
 @pytest.fixture
 def keyed(proxy_factory: Any) -> RunningProxy:
     return proxy_factory(api_keys=[{"key": PROXY_KEY, "tenant": "alice"}])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def module_keyed(module_app_factory: Any) -> AppProxy:
+    """``keyed`` in process, shared by the module's tests of refused requests."""
+    return module_app_factory(api_keys=[{"key": PROXY_KEY, "tenant": "alice"}])  # type: ignore[no-any-return]
 
 
 def sdk(proxy: RunningProxy, key: str = PROXY_KEY) -> openai.OpenAI:
@@ -210,11 +216,12 @@ ROUTES = [
 @pytest.mark.parametrize("key", [None, "sk-wrong-key-9999"], ids=["missing", "wrong"])
 @pytest.mark.parametrize(("method", "path"), ROUTES)
 def test_a_key_is_required(
-    keyed: RunningProxy, fake_upstream: FakeUpstream, method: str, path: str, key: str | None
+    module_keyed: AppProxy, fake_upstream: FakeUpstream, method: str, path: str, key: str | None
 ) -> None:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     body = {"model": "test-model", "input": "x", "prompt": "x", "voice": "alloy"}
-    response = httpx.request(method, f"{keyed.url}{path}", json=body, headers=headers, timeout=20)
+    keyed = module_keyed  # refused: nothing is stored
+    response = keyed.client.request(method, f"{keyed.url}{path}", json=body, headers=headers, timeout=20)
     assert response.status_code == 401, response.text
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
     assert response.json()["error"]["type"] == "authentication_error"
@@ -292,9 +299,10 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize(("path", "body", "param", "message"), BAD_BODIES)
 def test_bad_bodies_are_400s_naming_the_param(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, path: str, body: dict[str, Any], param: str, message: str
+    module_app_proxy: AppProxy, fake_upstream: FakeUpstream, path: str, body: dict[str, Any], param: str, message: str
 ) -> None:
-    response = httpx.post(f"{proxy.base_url}{path}", json=body, timeout=20)
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
+    response = proxy.client.post(f"{proxy.base_url}{path}", json=body, timeout=20)
     if param is None:
         assert response.status_code == 200, response.text
         return
@@ -323,9 +331,10 @@ def nested(depth: int) -> Any:
     ],
 )
 def test_unreadable_json_is_a_400(
-    proxy: RunningProxy, fake_upstream: FakeUpstream, content: bytes, param: str | None, message: str
+    module_app_proxy: AppProxy, fake_upstream: FakeUpstream, content: bytes, param: str | None, message: str
 ) -> None:
-    response = httpx.post(
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
+    response = proxy.client.post(
         f"{proxy.base_url}/embeddings", content=content, headers={"content-type": "application/json"}, timeout=20
     )
     assert response.status_code == 400, response.text
@@ -365,7 +374,7 @@ def test_unreadable_json_is_a_400(
     ],
 )
 def test_bad_uploads_are_400s(
-    proxy: RunningProxy,
+    module_app_proxy: AppProxy,
     fake_upstream: FakeUpstream,
     path: str,
     files: dict[str, Any] | None,
@@ -373,18 +382,20 @@ def test_bad_uploads_are_400s(
     param: str | None,
     message: str,
 ) -> None:
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
     # httpx sends a form without files urlencoded: an unrelated empty file keeps it multipart.
     files = files or {"unused": ("unused.bin", b"")}
-    response = httpx.post(f"{proxy.base_url}{path}", data=data, files=files, timeout=20)
+    response = proxy.client.post(f"{proxy.base_url}{path}", data=data, files=files, timeout=20)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and message in error["message"], error
     assert fake_upstream.requests == []
 
 
-def test_an_upload_must_be_multipart(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+def test_an_upload_must_be_multipart(module_app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
     body = {"model": "test-model", "file": "clip.wav"}
-    response = httpx.post(f"{proxy.base_url}/audio/transcriptions", json=body, timeout=20)
+    response = proxy.client.post(f"{proxy.base_url}/audio/transcriptions", json=body, timeout=20)
     assert response.status_code == 400
     assert "multipart/form-data" in response.json()["error"]["message"]
     assert fake_upstream.requests == []
@@ -400,11 +411,11 @@ def _chunks(total: int) -> Iterator[bytes]:
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
-def test_uploads_over_the_size_cap_are_413(proxy_factory: Any, fake_upstream: FakeUpstream, declared: bool) -> None:
-    proxy = proxy_factory(max_body_bytes=4096)
+def test_uploads_over_the_size_cap_are_413(app_factory: Any, fake_upstream: FakeUpstream, declared: bool) -> None:
+    proxy = app_factory(max_body_bytes=4096)
     content = b"".join(_chunks(64 * 1024)) if declared else _chunks(64 * 1024)
     headers = {"content-type": "multipart/form-data; boundary=edge"}
-    response = httpx.post(f"{proxy.base_url}/audio/transcriptions", content=content, headers=headers, timeout=20)
+    response = proxy.client.post(f"{proxy.base_url}/audio/transcriptions", content=content, headers=headers, timeout=20)
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "request_too_large"
     assert fake_upstream.requests == []
@@ -433,8 +444,9 @@ def test_audio_translation_makes_no_hidden_retries(proxy: RunningProxy, fake_ups
 
 
 @pytest.mark.parametrize(("method", "path"), [("POST", "/v1/assistants"), ("GET", "/v1/files"), ("GET", "/nothing")])
-def test_unknown_paths_are_openai_404s(proxy: RunningProxy, method: str, path: str) -> None:
-    response = httpx.request(method, f"{proxy.url}{path}", timeout=20)
+def test_unknown_paths_are_openai_404s(module_app_proxy: AppProxy, method: str, path: str) -> None:
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
+    response = proxy.client.request(method, f"{proxy.url}{path}", timeout=20)
     assert response.status_code == 404
     assert response.json() == {
         "error": {
@@ -447,8 +459,9 @@ def test_unknown_paths_are_openai_404s(proxy: RunningProxy, method: str, path: s
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/v1/embeddings"), ("POST", "/v1/models/test-model")])
-def test_wrong_method_is_an_openai_405(proxy: RunningProxy, method: str, path: str) -> None:
-    response = httpx.request(method, f"{proxy.url}{path}", timeout=20)
+def test_wrong_method_is_an_openai_405(module_app_proxy: AppProxy, method: str, path: str) -> None:
+    proxy = module_app_proxy  # refused or relayed: nothing is stored
+    response = proxy.client.request(method, f"{proxy.url}{path}", timeout=20)
     assert response.status_code == 405
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
