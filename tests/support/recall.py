@@ -7,7 +7,8 @@ from typing import Any
 
 from proxy.config.lcm import LcmSettings
 from proxy.engine.engine import Budget, ContextEngine
-from proxy.engine.recall import RecallTools, Scope
+from proxy.engine.recall.scope import Scope
+from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
 from tests.support.engine import assistant, located, user
 
