@@ -13,7 +13,7 @@ from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect, cut_allowed, spli
 from proxy.engine import budget
 from proxy.engine.assemble import TooLarge, fit, newest_exchange, required_start
 from proxy.engine.compaction import tail_start
-from tests.dialects import transcripts as t
+from tests.support import wire_formats as t
 
 CASES = [(CHAT, t.CHAT), (MESSAGES, t.MESSAGES), (RESPONSES, t.RESPONSES)]
 

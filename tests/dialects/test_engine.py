@@ -13,7 +13,7 @@ from proxy.engine.canonical import chain_hashes
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
 from proxy.store.location import Location
-from tests.dialects import transcripts as t
+from tests.support import wire_formats as t
 from tests.support.engine import run
 
 SETTINGS = LcmSettings(

@@ -9,7 +9,7 @@ import itertools
 
 from proxy import tokens
 from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect, split_instructions
-from tests.dialects import transcripts as t
+from tests.support import wire_formats as t
 
 
 def calls_and_results(dialect: Dialect, messages: list[dict]) -> tuple[list[str], list[str]]:
