@@ -144,10 +144,16 @@ def test_only_the_admin_key_names_another_tenant(proxy: AppProxy) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tenant"
     # Deleting follows the same rule: another tenant's key is refused, the master key names the scope.
     url = f"{proxy.url}/lcm/conversations/{frank}"
-    refused = proxy.client.delete(url, params={"tenant": "acme", "user": "frank"}, headers=bearer(OTHER_KEY), timeout=30)
+    refused = proxy.client.delete(
+        url, params={"tenant": "acme", "user": "frank"}, headers=bearer(OTHER_KEY), timeout=30
+    )
     assert refused.status_code == 403 and listed(proxy, ACME_KEY, user="frank") == [frank]
-    assert proxy.client.delete(url, params={"tenant": "acme"}, headers=bearer(MASTER_KEY), timeout=30).status_code == 404
-    deleted = proxy.client.delete(url, params={"tenant": "acme", "user": "frank"}, headers=bearer(MASTER_KEY), timeout=30)
+    assert (
+        proxy.client.delete(url, params={"tenant": "acme"}, headers=bearer(MASTER_KEY), timeout=30).status_code == 404
+    )
+    deleted = proxy.client.delete(
+        url, params={"tenant": "acme", "user": "frank"}, headers=bearer(MASTER_KEY), timeout=30
+    )
     assert deleted.status_code == 200 and listed(proxy, ACME_KEY, user="frank") == []
     # The master key is also a chat key, of a tenant of its own.
     _, master = chat(proxy, MASTER_KEY, opening)

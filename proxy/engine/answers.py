@@ -57,7 +57,7 @@ def answer_message(message: Any) -> Message | None:
 
 async def record_answer(
     ingestor: Ingestor,
-    tenant: str,
+    scope: str,
     conversation_id: str,
     length: int,
     tip_chain: str | None,
@@ -68,24 +68,24 @@ async def record_answer(
     """Append ``answer`` after the first ``length`` messages of the conversation (whose last chain hash is
     ``tip_chain``) if they are still all of it, or replace a relayed answer at that place given to a request
     that arrived earlier than this one (``asked_at``). True if stored."""
-    previous = tip_chain if length > 0 else chain_root(tenant, dialect.name)
+    previous = tip_chain if length > 0 else chain_root(scope, dialect.name)
     if previous is None:
         return False
     chain = chain_next(previous, answer)  # ``answer`` is a message of ``dialect``, as the client will send it
     store = ingestor.store
-    current = await store.read.conversation(tenant, conversation_id)
+    current = await store.read.conversation(scope, conversation_id)
     if current is None or current.message_count not in (length, length + 1):
         return False  # the conversation moved on (the client's next request came first): it has the answer
     limits = ingestor.thresholds
     explorations: dict[str, str] = {}
-    explorer = ingestor.explorer(tenant, None, explorations)
-    interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
-    batch = ingestor.files.batch(tenant)
+    explorer = ingestor.explorer(scope, None, explorations)
+    interceptor = Interceptor(scope, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
+    batch = ingestor.files.batch(scope)
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
         async with store.write() as tx:
             await tx.lock_conversation(conversation_id)
-            conversation = await tx.conversation(tenant, conversation_id)
+            conversation = await tx.conversation(scope, conversation_id)
             if conversation is None:
                 return False
             if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
@@ -102,7 +102,7 @@ async def record_answer(
                 return False
             paths: list[str] = []
             for payload in interception.payloads:
-                file = ingestor.file_record(tenant, conversation_id, payload, explorations.get(payload.file_id), batch)
+                file = ingestor.file_record(scope, conversation_id, payload, explorations.get(payload.file_id), batch)
                 paths.append(file.path)
                 await tx.put_file(file)
             await tx.append_messages(conversation_id, length, [record])

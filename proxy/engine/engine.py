@@ -55,7 +55,7 @@ class RequestSummarizer(Summarizer, TextSummarizer, Protocol):
 class _Request:
     """What ``begin`` learnt about a request, for ``finish``."""
 
-    tenant: str
+    scope: str
     messages: Messages
     ingested: IngestResult
     instructions: Messages
@@ -103,7 +103,7 @@ class ContextEngine:
 
     async def begin(
         self,
-        tenant: str,
+        scope: str,
         messages: Messages,
         request_budget: Budget,
         summarizer: RequestSummarizer | None,
@@ -123,7 +123,7 @@ class ContextEngine:
             raise self._no_room(limit, request_budget, instruction_tokens)  # before anything is stored
         sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None))
         ingested = await self.ingestor.ingest(
-            tenant,
+            scope,
             messages,
             conversation_key=conversation_key,
             summarizer=summarizer,
@@ -137,7 +137,7 @@ class ContextEngine:
         parent_task = self.sweeps.current(ingested.forked_from) if ingested.forked_from else None
         if ingested.forked_from is not None and parent_task is None:
             await self._adopt(ingested.conversation_id, ingested.forked_from)
-        conversation = await self._conversation(tenant, ingested.conversation_id)
+        conversation = await self._conversation(scope, ingested.conversation_id)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
         required = sum(view.costs[view.required - view.upto :])
@@ -147,7 +147,7 @@ class ContextEngine:
             refusal.conversation_id = ingested.conversation_id
             raise refusal
         request = _Request(
-            tenant, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
+            scope, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
             tools_offered, dialect,
         )  # fmt: skip
         if parent_task is not None and not parent_task.done():
@@ -166,7 +166,7 @@ class ContextEngine:
         compaction: Compaction = "none"
         if compacting is not None:
             compaction = await self.sweeps.wait_inline(conversation.id, compacting)
-            conversation = await self._conversation(request.tenant, conversation.id)
+            conversation = await self._conversation(request.scope, conversation.id)
             view = await self._view(conversation, count, limit, request.dialect)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
@@ -274,8 +274,8 @@ class ContextEngine:
         and there is something to recall (summaries or stubs), or always when configured so."""
         return allowed and (compacted or self.settings.retrieval_tools == "always")
 
-    async def _conversation(self, tenant: str, conversation_id: str) -> ConversationRecord:
-        conversation = await self.store.read.conversation(tenant, conversation_id)
+    async def _conversation(self, scope: str, conversation_id: str) -> ConversationRecord:
+        conversation = await self.store.read.conversation(scope, conversation_id)
         if conversation is None:  # deleted (the admin API, the CLI, retention) while this request was in flight
             raise ConversationBusy(f"Conversation {conversation_id} was deleted while this request used it; retry.")
         return conversation
@@ -306,7 +306,7 @@ class ContextEngine:
         fork = request.conversation
         if fork.parent_id is not None:
             await self._adopt(fork.id, fork.parent_id)
-        conversation = await self._conversation(request.tenant, fork.id)
+        conversation = await self._conversation(request.scope, fork.id)
         view = await self._view(conversation, request.count, request.limit, request.dialect)
         if view.tokens <= request.sizes.context:
             return SweepReport()
@@ -375,7 +375,7 @@ class ContextEngine:
             await asyncio.wait({running})
         return await asyncio.shield(self.sweeps.start(conversation_id, summarizer, None, None, "full"))
 
-    async def record_answer(self, tenant: str, prepared: Prepared, message: Any, asked_at: float) -> bool:
+    async def record_answer(self, scope: str, prepared: Prepared, message: Any, asked_at: float) -> bool:
         """Store the answer relayed for ``prepared`` (a request that arrived at ``asked_at``) as its
         conversation's newest message (``answers``)."""
         answer = answers.answer_message(message)
@@ -383,7 +383,7 @@ class ContextEngine:
             return False
         return await answers.record_answer(
             self.ingestor,
-            tenant,
+            scope,
             prepared.conversation_id,
             prepared.transcript_length,
             prepared.tip_chain,

@@ -56,12 +56,12 @@ async def _binary_search(count: int, present: Callable[[int], Awaitable[bool]]) 
     return low
 
 
-async def locate(q: Reads, tenant: str, chains: list[str], key: str | None) -> Located:
-    if key is not None:
-        conversation = await q.conversation_by_key(tenant, key)
+async def locate(q: Reads, scope: str, chains: list[str], conversation_key: str | None) -> Located:
+    if conversation_key is not None:
+        conversation = await q.conversation_by_key(scope, conversation_key)
         if conversation is None:
             return Located(None, 0, client_key=True)
-        client_key = conversation.external_key == key
+        client_key = conversation.external_key == conversation_key
         limit = min(len(chains), conversation.message_count)
         common = await _binary_search(limit, lambda i: q.chain_in_conversation(conversation.id, i, chains[i]))
         located = Located(conversation, common, client_key)
@@ -70,29 +70,29 @@ async def locate(q: Reads, tenant: str, chains: list[str], key: str | None) -> L
         # An id the proxy issued names that conversation for good. A client that keeps sending it with a
         # transcript that went elsewhere continues the fork its first such request made, not a new fork per
         # request: the longest prefix among the conversation's descendants, if longer.
-        family = await q.descendants(tenant, conversation.id)
+        family = await q.descendants(scope, conversation.id)
         if not family:
             return located
-        deeper = await _longest_prefix(q, tenant, chains, family)
+        deeper = await _longest_prefix(q, scope, chains, family)
         return deeper if deeper.conversation is not None and deeper.common > common else located
-    return await _longest_prefix(q, tenant, chains, None)
+    return await _longest_prefix(q, scope, chains, None)
 
 
 async def locate_locked(
-    tx: Writes, tenant: str, chains: list[str], key: str | None, expected: str | None = None
+    tx: Writes, scope: str, chains: list[str], conversation_key: str | None, expected: str | None = None
 ) -> Located:
     """``locate`` inside a write transaction, holding the locks that make its answer final until the commit:
     the identity locks (the client's key, the first message's chain: every conversation this transcript could
     continue starts with it) so that concurrent first requests create one conversation, then the lock of the
     conversation found, re-reading once it is held (another replica may have written it meanwhile). The
     conversation an earlier read ``expected`` is locked first, so that in the common case one read suffices."""
-    for identity in sorted({k for k in (key, chains[0] if chains else None) if k is not None}):
-        await tx.lock_identity(tenant, identity)
+    for identity in sorted({k for k in (conversation_key, chains[0] if chains else None) if k is not None}):
+        await tx.lock_identity(scope, identity)
     held: set[str] = set()
     if expected is not None and await tx.lock_conversation(expected):
         held.add(expected)
     while True:
-        located = await locate(tx, tenant, chains, key)
+        located = await locate(tx, scope, chains, conversation_key)
         found = located.conversation
         if found is None or found.id in held:
             return located
@@ -103,7 +103,7 @@ async def locate_locked(
             return located  # this store's writers are serialised: nothing can have changed
 
 
-async def _longest_prefix(q: Reads, tenant: str, chains: list[str], among: list[str] | None) -> Located:
+async def _longest_prefix(q: Reads, scope: str, chains: list[str], among: list[str] | None) -> Located:
     """The conversation (of ``among``, or of the whole tenant) sharing the longest prefix with ``chains``."""
 
     async def present(i: int) -> bool:
@@ -112,7 +112,7 @@ async def _longest_prefix(q: Reads, tenant: str, chains: list[str], among: list[
     common = await _binary_search(len(chains), present)
     if common == 0:
         return Located(None, 0)
-    candidates = await q.conversations_with_chain(tenant, chains[common - 1])
+    candidates = await q.conversations_with_chain(scope, chains[common - 1])
     if among is not None:
         candidates = [c for c in candidates if c.id in among]
     if not candidates:  # the hash belongs to another tenant's chain: cannot happen, chains are tenant-seeded

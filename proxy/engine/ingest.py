@@ -79,10 +79,10 @@ TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a pla
 class Incoming:
     """What one request brings to the store: its transcript (instructions removed) and how it is identified."""
 
-    tenant: str
+    scope: str
     transcript: Messages
     chains: list[str]
-    key: str | None
+    conversation_key: str | None
     instructions_json: str | None
     model: str | None
     dialect: Dialect
@@ -101,7 +101,7 @@ class Ingestor:
 
     async def ingest(
         self,
-        tenant: str,
+        scope: str,
         messages: Messages,
         *,
         conversation_key: str | None = None,
@@ -118,21 +118,21 @@ class Ingestor:
             return IngestResult(None, "none", 0, None, messages, count, count)
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
         incoming = Incoming(
-            tenant, transcript, await _chains(tenant, transcript, dialect), conversation_key, instructions_json, model,
+            scope, transcript, await _chains(scope, transcript, dialect), conversation_key, instructions_json, model,
             dialect,
         )  # fmt: skip
         limits = thresholds or self.thresholds
         explorations: dict[str, str] = {}
-        explorer = self.explorer(tenant, summarizer, explorations)
-        interceptor = Interceptor(tenant, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
+        explorer = self.explorer(scope, summarizer, explorations)
+        interceptor = Interceptor(scope, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
         tool_names = {call.id: call.name for m in transcript for call in dialect.tool_calls(m)}
 
         # Prepare outside the write lock: interception may write files and call the summarizer. New payload
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
         # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
-        batch = self.files.batch(tenant)
+        batch = self.files.batch(scope)
         try:
-            first_guess = await locate(self.store.read, tenant, incoming.chains, conversation_key)
+            first_guess = await locate(self.store.read, scope, incoming.chains, conversation_key)
             prepared: Prepared = {}
 
             async def prepare(i: int) -> tuple[Interception, NewMessage]:
@@ -238,14 +238,14 @@ class Ingestor:
                 raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
             new = [prepared[i] for i in range(start, len(incoming.transcript))]
             if new:
-                await self._append(tx, incoming.tenant, conversation_id, start, new, explorations, batch)
+                await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from
 
     async def _decide(self, tx: Writes, incoming: Incoming, expected: str | None) -> tuple[Located, Action]:
         """The conversation the transcript belongs to, and what to do with it, final until the commit."""
-        located = await locate_locked(tx, incoming.tenant, incoming.chains, incoming.key, expected)
+        located = await locate_locked(tx, incoming.scope, incoming.chains, incoming.conversation_key, expected)
         action = located.action(len(incoming.transcript))
         if action == "fork" and await replaces_relayed_answer(tx, located, incoming.transcript, incoming.dialect):
             # The client re-sent the answer the proxy stored when it relayed it, in its own version: the
@@ -268,8 +268,8 @@ class Ingestor:
         parent = conversation.id if conversation is not None and located.common > 0 else None
         await tx.create_conversation(
             conversation_id,
-            incoming.tenant,
-            external_key=incoming.key if conversation is None else None,
+            incoming.scope,
+            external_key=incoming.conversation_key if conversation is None else None,
             parent_id=parent,
             fork_seq=located.common if parent else None,
             instructions_json=incoming.instructions_json,
@@ -281,8 +281,8 @@ class Ingestor:
             forked_from = conversation.id
         # The client's own key follows its current version of the conversation; an id the proxy issued
         # keeps naming the conversation it was issued for.
-        if conversation is not None and incoming.key is not None and located.client_key:
-            await tx.move_external_key(incoming.tenant, incoming.key, conversation_id)
+        if conversation is not None and incoming.conversation_key is not None and located.client_key:
+            await tx.move_external_key(incoming.scope, incoming.conversation_key, conversation_id)
         return conversation_id, forked_from
 
     @staticmethod
@@ -297,7 +297,7 @@ class Ingestor:
     async def _append(
         self,
         tx: Writes,
-        tenant: str,
+        scope: str,
         conversation_id: str,
         start: int,
         new: list[tuple[Interception, NewMessage]],
@@ -308,7 +308,7 @@ class Ingestor:
         for interception, _ in new:
             for payload in interception.payloads:
                 exploration = explorations.get(payload.file_id)
-                record = self.file_record(tenant, conversation_id, payload, exploration, batch)
+                record = self.file_record(scope, conversation_id, payload, exploration, batch)
                 paths.append(record.path)
                 await tx.put_file(record)
         await tx.append_messages(conversation_id, start, [m for _, m in new])
@@ -318,13 +318,13 @@ class Ingestor:
             await batch.publish(tx, paths)
 
     def file_record(
-        self, tenant: str, conversation_id: str, payload: Payload, exploration: str | None, batch: BlobBatch
+        self, scope: str, conversation_id: str, payload: Payload, exploration: str | None, batch: BlobBatch
     ) -> FileRecord:
         # Every payload of a prepared message was added to the batch by prepare_message, which hashed it there.
         sha, path = batch.location(payload.file_id) or batch.add(payload.data, payload.file_id)
         return FileRecord(
             id=payload.file_id,
-            tenant=tenant,
+            tenant=scope,
             conversation_id=conversation_id,
             name=payload.name,
             mime=payload.mime,
@@ -337,18 +337,18 @@ class Ingestor:
         )
 
     def explorer(
-        self, tenant: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
+        self, scope: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
     ) -> Callable[[Payload], Awaitable[str]]:
         """The exploration of one request's payloads, within its budget of summary-model calls."""
         thresholds = self.thresholds
         budget = ExplorationBudget(
-            thresholds.exploration_calls, thresholds.exploration_seconds, self.guard, f"explore:{tenant}"
+            thresholds.exploration_calls, thresholds.exploration_seconds, self.guard, f"explore:{scope}"
         )
 
         async def explore(payload: Payload) -> str:
             if payload.file_id in explorations:  # the same payload twice in one request
                 return explorations[payload.file_id]
-            known = await self.store.read.file(tenant, payload.file_id)
+            known = await self.store.read.file(scope, payload.file_id)
             if known is not None and known.exploration:
                 summary = known.exploration
             elif payload.text is None:
@@ -378,12 +378,12 @@ class Ingestor:
         return await prepare_message(interceptor, message, chain, tool_names, batch)
 
 
-async def _chains(tenant: str, transcript: Messages, dialect: Dialect) -> list[str]:
+async def _chains(scope: str, transcript: Messages, dialect: Dialect) -> list[str]:
     # Hashing canonical forms is CPU work proportional to the request: a large one goes to a worker thread,
     # so that the event loop keeps serving other requests meanwhile.
     if weight(transcript) >= OFF_LOOP_CHARS:
-        return await asyncio.to_thread(chain_hashes, tenant, transcript, dialect.name)
-    return chain_hashes(tenant, transcript, dialect.name)
+        return await asyncio.to_thread(chain_hashes, scope, transcript, dialect.name)
+    return chain_hashes(scope, transcript, dialect.name)
 
 
 def _plain_retry(guess: Located, incoming: Incoming) -> bool:

@@ -77,12 +77,12 @@ class Interception:
 Explorer = Callable[[Payload], Awaitable[str]]
 
 
-def file_id_for(tenant: str, data: bytes, name: str = "", mime: str = "") -> str:
+def file_id_for(scope: str, data: bytes, name: str = "", mime: str = "") -> str:
     """The id of a stored payload: per tenant, content, name and type. The same bytes sent under another name
     are a record of their own, so one conversation never shows another's file name or exploration summary
     (the bytes on disk are still stored once per tenant)."""
     content = hashlib.sha256(data).hexdigest()
-    return "file_" + hashlib.sha256(f"{tenant}\x00{content}\x00{name}\x00{mime}".encode()).hexdigest()[:16]
+    return "file_" + hashlib.sha256(f"{scope}\x00{content}\x00{name}\x00{mime}".encode()).hexdigest()[:16]
 
 
 def apply_patches(message: Message, patches: list[tuple[Path, str]]) -> Message:
@@ -171,16 +171,16 @@ def _attributes(tag: str) -> dict[str, str]:
 
 class Interceptor:
     def __init__(
-        self, tenant: str, large_threshold: int, tool_threshold: int, explore: Explorer, dialect: Dialect = CHAT
+        self, scope: str, large_threshold: int, tool_threshold: int, explore: Explorer, dialect: Dialect = CHAT
     ) -> None:
-        self.tenant = tenant
+        self.scope = scope
         self.dialect = dialect
         self.large = large_threshold
         self.tool = tool_threshold
         self.explore = explore
 
     def _payload(self, data: bytes, name: str, mime: str, kind: str, text: str | None) -> Payload:
-        return Payload(file_id_for(self.tenant, data, name, mime), data, name, mime, kind, text)
+        return Payload(file_id_for(self.scope, data, name, mime), data, name, mime, kind, text)
 
     async def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
         result = Interception(original=message, paths=[], forward_patches=[], compact_patches=[])

@@ -133,7 +133,7 @@ class _DeferredExplorations:
 
     def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
         original = self.interceptor
-        marking = Interceptor(original.tenant, original.large, original.tool, self._mark, original.dialect)
+        marking = Interceptor(original.scope, original.large, original.tool, self._mark, original.dialect)
         return _run_now(marking.intercept(message, tool_names))
 
     def fill(self, interception: Interception, summaries: dict[str, str]) -> None:

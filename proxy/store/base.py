@@ -173,9 +173,7 @@ class Searches(Reads, Protocol):
         """(id, path, sha256) of every stored file."""
         ...
 
-    async def idle_conversations(
-        self, before: float | None, scope: str | None, limit: int
-    ) -> list[ConversationRecord]:
+    async def idle_conversations(self, before: float | None, scope: str | None, limit: int) -> list[ConversationRecord]:
         """Conversations (not deleted) whose last activity is before ``before`` (None: any), of ``scope`` and, for a
         tenant, its end users' scopes (``proxy.scopes.end_users_of``; None: every scope), oldest first: what a purge
         deletes."""

@@ -52,7 +52,9 @@ def test_models_requires_key_and_healthz_does_not(app_factory: Any) -> None:
     proxy = app_factory(api_keys=KEYS)
     assert proxy.client.get(f"{proxy.base_url}/models", timeout=10).status_code == 401
     assert proxy.client.get(f"{proxy.url}/healthz", timeout=10).json()["status"] == "ok"
-    sdk = openai.OpenAI(base_url=proxy.base_url, api_key="sk-proxy-alice-000000", max_retries=0, http_client=proxy.client)
+    sdk = openai.OpenAI(
+        base_url=proxy.base_url, api_key="sk-proxy-alice-000000", max_retries=0, http_client=proxy.client
+    )
     assert [m.id for m in sdk.models.list()] == ["test-model", "unreachable"]
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(
@@ -74,7 +76,9 @@ def test_keys_never_logged(app_factory: Any, fake_upstream: FakeUpstream, caplog
         json=CHAT,
         headers={"authorization": "Bearer sk-proxy-alice-000000"},
     )
-    proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"})
+    proxy.client.post(
+        f"{proxy.base_url}/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess-99999999"}
+    )
     text = caplog.text
     assert "model test-model -> openai/fake-model" in text  # startup log happened and was captured
     for secret in ("sk-proxy-alice-000000", "sk-proxy-bob-1111111", "sk-guess-99999999", UPSTREAM_KEY):

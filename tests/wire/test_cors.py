@@ -36,7 +36,9 @@ def test_off_by_default_on_for_a_listed_origin(app_factory: Any, fake_upstream: 
     assert response.status_code == 405 and cors_headers(response) == {}  # an ordinary OPTIONS request
     # A cross-origin request the browser did not have to ask about first is refused (proxy.wire.guard), and
     # its refusal carries no CORS header either: the page cannot even read it.
-    answered = default.client.post(f"{default.base_url}/chat/completions", json=CHAT, headers={"origin": APP}, timeout=20)
+    answered = default.client.post(
+        f"{default.base_url}/chat/completions", json=CHAT, headers={"origin": APP}, timeout=20
+    )
     assert answered.status_code == 403 and cors_headers(answered) == {}
 
     proxy = app_factory(cors_allow_origins=[APP, "http://localhost:5173"])

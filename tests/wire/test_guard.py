@@ -60,9 +60,21 @@ def test_a_rebound_host_is_refused_on_loopback(app_proxy: AppProxy, fake_upstrea
     # What a rebinding page would do as "its own origin": read the history, delete it, chat on our keys.
     message = error(app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", headers=evil), 403, "host_not_allowed")
     assert "evil.example" in message and "allowed_hosts" in message
-    error(app_proxy.client.get(f"{app_proxy.url}/lcm/conversations/{conversation_id}/messages", headers=evil), 403, "host_not_allowed")
-    error(app_proxy.client.delete(f"{app_proxy.url}/lcm/conversations/{conversation_id}", headers=evil), 403, "host_not_allowed")
-    error(app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers=evil), 403, "host_not_allowed")
+    error(
+        app_proxy.client.get(f"{app_proxy.url}/lcm/conversations/{conversation_id}/messages", headers=evil),
+        403,
+        "host_not_allowed",
+    )
+    error(
+        app_proxy.client.delete(f"{app_proxy.url}/lcm/conversations/{conversation_id}", headers=evil),
+        403,
+        "host_not_allowed",
+    )
+    error(
+        app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers=evil),
+        403,
+        "host_not_allowed",
+    )
     error(app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": "evil.example"}), 403, "host_not_allowed")
     error(app_proxy.client.get(f"{app_proxy.url}/healthz", headers={"host": ""}), 403, "host_not_allowed")
     assert len(fake_upstream.requests) == sent and stored(app_proxy) == [conversation_id]
@@ -206,15 +218,25 @@ def test_simple_cross_site_requests_run_nothing(app_factory: Any, fake_upstream:
     form = proxy.client.post(f"{proxy.url}/lcm/conversations/{conversation}/compact", data={"x": "1"}, headers=evil)
     error(form, 403, "cross_origin_request")
     # JSON from another origin too (a non-browser could send it; a browser would have asked first).
-    error(proxy.client.post(f"{proxy.base_url}/chat/completions", json=text_chat, headers=evil), 403, "cross_origin_request")
-    error(proxy.client.delete(f"{proxy.url}/lcm/conversations/{conversation}", headers=evil), 403, "cross_origin_request")
+    error(
+        proxy.client.post(f"{proxy.base_url}/chat/completions", json=text_chat, headers=evil),
+        403,
+        "cross_origin_request",
+    )
+    error(
+        proxy.client.delete(f"{proxy.url}/lcm/conversations/{conversation}", headers=evil), 403, "cross_origin_request"
+    )
     # An <img> or <script> pointed at the history: no Origin, but Sec-Fetch-Site says who sent it.
     for sender in ("cross-site", "same-site"):
         loaded = proxy.client.get(f"{proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender})
         error(loaded, 403, "cross_origin_request")
     # Another port of this machine is another origin (a dev server's page at localhost:5173).
     other_port = {"origin": "http://localhost:5173", "sec-fetch-site": "same-site"}
-    error(proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=other_port), 403, "cross_origin_request")
+    error(
+        proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=other_port),
+        403,
+        "cross_origin_request",
+    )
     error(
         proxy.client.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers={"origin": "null"}),
         403,
@@ -232,7 +254,9 @@ def test_simple_cross_site_requests_run_nothing(app_factory: Any, fake_upstream:
 @pytest.mark.parametrize("origin", ["http://[", "http://[::1", "http://[::1]x", "http://[zz]:80", "https://[::1:4000"])
 def test_an_unparsable_origin_is_another_origin(app_proxy: AppProxy, fake_upstream: FakeUpstream, origin: str) -> None:
     # urlsplit raises on these; a request carrying one is refused like any other origin, never a 500.
-    response = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
+    response = app_proxy.client.post(
+        f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20
+    )
     assert "Origin" in error(response, 403, "cross_origin_request")
     assert fake_upstream.requests == []
 
@@ -240,10 +264,15 @@ def test_an_unparsable_origin_is_another_origin(app_proxy: AppProxy, fake_upstre
 def test_same_origin_and_tools_are_served(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
     port = port_of(app_proxy)
     for origin in (app_proxy.url, f"http://127.0.0.1:{port}", f"https://127.0.0.1:{port}"):
-        same = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20)
+        same = app_proxy.client.post(
+            f"{app_proxy.base_url}/chat/completions", json=CHAT, headers={"origin": origin}, timeout=20
+        )
         assert same.status_code == 200, (origin, same.text)
     for sender in ("same-origin", "none"):  # the proxy's own origin, or typed into the address bar
-        assert app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender}).status_code == 200
+        assert (
+            app_proxy.client.get(f"{app_proxy.url}/lcm/conversations", headers={"sec-fetch-site": sender}).status_code
+            == 200
+        )
     # The real SDK, as ever.
     client = openai.OpenAI(base_url=app_proxy.base_url, api_key="unused", max_retries=0, http_client=app_proxy.client)
     answer = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "sdk"}])
@@ -287,7 +316,9 @@ def test_json_endpoints_take_json(
 ) -> None:
     headers = {"content-type": content_type} if content_type else {}
     body = orjson.dumps(CHAT)
-    response = app_proxy.client.post(f"{app_proxy.base_url}/chat/completions", content=body, headers=headers, timeout=20)
+    response = app_proxy.client.post(
+        f"{app_proxy.base_url}/chat/completions", content=body, headers=headers, timeout=20
+    )
     if status == 200:
         assert response.status_code == 200, response.text
         return
@@ -299,11 +330,15 @@ def test_json_endpoints_take_json(
 def test_multipart_stays_where_openai_takes_it(app_proxy: AppProxy, fake_upstream: FakeUpstream) -> None:
     for path in ("/v1/audio/transcriptions", "/audio/translations", "/v1/images/edits"):
         # The guard lets multipart through (the route then reads the fields) and refuses a form or text.
-        multipart = app_proxy.client.post(f"{app_proxy.url}{path}", files={"unused": ("a.bin", b"")}, data={"x": "1"}, timeout=20)
+        multipart = app_proxy.client.post(
+            f"{app_proxy.url}{path}", files={"unused": ("a.bin", b"")}, data={"x": "1"}, timeout=20
+        )
         assert multipart.status_code == 400 and multipart.json()["error"]["code"] != "unsupported_media_type"
         form = app_proxy.client.post(f"{app_proxy.url}{path}", data={"model": "test-model"}, timeout=20)
         assert "multipart/form-data" in error(form, 415, "unsupported_media_type")
-    embeddings = app_proxy.client.post(f"{app_proxy.base_url}/embeddings", files={"input": ("a.txt", b"hi")}, timeout=20)
+    embeddings = app_proxy.client.post(
+        f"{app_proxy.base_url}/embeddings", files={"input": ("a.txt", b"hi")}, timeout=20
+    )
     error(embeddings, 415, "unsupported_media_type")
     assert fake_upstream.requests == []
 

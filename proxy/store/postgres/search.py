@@ -172,9 +172,7 @@ class PostgresSearches(PostgresReads):
         rows = await self._all("SELECT id, path, sha256 FROM lcm.files ORDER BY id")
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    async def idle_conversations(
-        self, before: float | None, scope: str | None, limit: int
-    ) -> list[ConversationRecord]:
+    async def idle_conversations(self, before: float | None, scope: str | None, limit: int) -> list[ConversationRecord]:
         rows = await self._search_all(
             f"SELECT {CONV_COLUMNS} FROM lcm.conversations WHERE deleted_at IS NULL"
             " AND (%s::float8 IS NULL OR updated_at < %s)"

@@ -116,9 +116,7 @@ class SQLiteSearches(Queries):
         rows = await self._all("SELECT id, path, sha256 FROM files ORDER BY id", ())
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    async def idle_conversations(
-        self, before: float | None, scope: str | None, limit: int
-    ) -> list[ConversationRecord]:
+    async def idle_conversations(self, before: float | None, scope: str | None, limit: int) -> list[ConversationRecord]:
         rows = await self._all(
             f"SELECT {CONV_COLUMNS} FROM conversations WHERE deleted_at IS NULL AND (?1 IS NULL OR updated_at < ?1)"
             " AND (?2 IS NULL OR tenant = ?2 OR substr(tenant, 1, length(?4)) = ?4) ORDER BY updated_at, id LIMIT ?3",

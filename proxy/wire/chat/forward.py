@@ -37,10 +37,10 @@ class Call:
     """One chat request on its way through: who asked, for which model, and what the engine made of it."""
 
     state: AppState
-    tenant: str  # the scope: the key's tenant, or an end user within it (``proxy.wire.auth``)
+    scope: str  # the key's tenant, or an end user within it (``proxy.scopes.user_scope``)
     target: ResolvedModel
     body: ChatBody  # as the client sent it
-    key: str | None
+    conversation_key: str | None  # X-LCM-Conversation-Id, when the client sends one
     asked_at: float  # when the request arrived: of several answers to one transcript, the latest asked stays
     gone: Callable[[], Awaitable[bool]] | None = None  # whether the client hung up (``Request.is_disconnected``)
     summarizer: UpstreamSummarizer | None = None
@@ -48,11 +48,11 @@ class Call:
 
     async def begin(self, budget: Budget) -> Preparation:
         return await self.state.engine.begin(
-            self.tenant,
+            self.scope,
             self.body["messages"],
             budget,
             self.summarizer,
-            conversation_key=self.key,
+            conversation_key=self.conversation_key,
             model=self.body["model"],
             tools_offered=self.state.policy.offers_recall_tools(self.target),
         )
@@ -67,7 +67,7 @@ class Call:
         """Where the relayed answer goes: the request's stored conversation, when there is one answer."""
         if prepared is None or prepared.conversation_id is None or body.get("n") not in (None, 1):
             return None
-        engine, tenant = self.state.engine, self.tenant
+        engine, scope = self.state.engine, self.scope
 
         async def record(message: Any) -> None:
             if self.gone is not None and await self.gone():
@@ -76,7 +76,7 @@ class Call:
                 log.info("the answer of %s was not stored: the client hung up", prepared.conversation_id)
                 return
             try:
-                await engine.record_answer(tenant, prepared, message, self.asked_at)
+                await engine.record_answer(scope, prepared, message, self.asked_at)
             except Exception as error:  # the client gets its answer anyway; its next request stores it
                 log.warning(
                     "the relayed answer of %s was not stored: %s", prepared.conversation_id, type(error).__name__
@@ -195,7 +195,7 @@ async def _with_recall(
     window = state.policy.budget_for(target, body)
     result_cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
     # The request's own length bounds what it may recall: a re-send of an earlier point sees no more than it sent.
-    scope = await state.recall.scope(call.tenant, prepared.conversation_id, prepared.transcript_length)
+    scope = await state.recall.scope(call.scope, prepared.conversation_id, prepared.transcript_length)
 
     async def run_tool(name: str, arguments: str) -> str:
         return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), result_cap)

@@ -41,17 +41,17 @@ def _state(request: Request) -> AppState:
 
 
 def _conversation_key(request: Request) -> str | None:
-    key = request.headers.get(CONVERSATION_HEADER)
-    if key is None:
+    conversation_key = request.headers.get(CONVERSATION_HEADER)
+    if conversation_key is None:
         return None
-    key = key.strip()
-    if not key or len(key) > 200 or not key.isprintable():
+    conversation_key = conversation_key.strip()
+    if not conversation_key or len(conversation_key) > 200 or not conversation_key.isprintable():
         raise InvalidRequestError(
             f"Invalid {CONVERSATION_HEADER} header: expected 1-200 printable characters.",
             param=CONVERSATION_HEADER,
             code="invalid_value",
         )
-    return key
+    return conversation_key
 
 
 async def chat_completions(request: Request) -> Response:

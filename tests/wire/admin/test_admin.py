@@ -94,9 +94,7 @@ def test_admin_api_is_tenant_scoped(
         and "entry 2: alpha beta gamma\nentry 3: alpha beta gamma" in described["described"]
     )
     assert "path" not in described
-    grep = client.get(
-        f"/lcm/conversations/{conversation}/grep", params={"pattern": "vault PIN"}, headers=ALICE
-    ).json()
+    grep = client.get(f"/lcm/conversations/{conversation}/grep", params={"pattern": "vault PIN"}, headers=ALICE).json()
     assert "8812" in grep["result"]
     compact = client.post(f"/lcm/conversations/{conversation}/compact", headers=ALICE)
     assert compact.status_code == 200 and "leaf_passes" in compact.json()
