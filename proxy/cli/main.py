@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lcm-proxy",
         description="OpenAI-compatible reverse proxy with lossless context management.",
-        epilog="Point any OpenAI client at http://HOST:PORT/v1. README.md has the config reference.",
+        epilog="Point any OpenAI client at http://HOST:PORT/v1. docs/configuration.md has the config reference.",
     )
     parser.add_argument("--version", action="version", version=f"lcm-proxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
