@@ -48,7 +48,8 @@ class ToolCall(NamedTuple):
 
 
 class Site(NamedTuple):
-    """A string of a message that interception may store out of line.
+    """A string of a message that interception may store out of line (a site names only a string the message
+    holds: a part sent by reference, such as a chat file part with only a ``file_id``, has none).
 
     ``text``: text the client wrote (a pasted file); ``tool_result``: a tool's output at ``path``, replaced
     as a whole at ``replace`` by its stub, ``name`` being the id of the call it answers; ``base64``: encoded

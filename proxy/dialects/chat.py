@@ -143,12 +143,12 @@ class ChatDialect:
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
                 sites.append(Site("text", ["content", i, "text"]))
-            elif kind == "image_url" and isinstance(part.get("image_url"), dict):
+            elif kind == "image_url" and _has_string(part.get("image_url"), "url"):
                 sites.append(Site("base64", ["content", i, "image_url", "url"], name="image"))
-            elif kind == "file" and isinstance(part.get("file"), dict):
+            elif kind == "file" and _has_string(part.get("file"), "file_data"):  # not one sent by file_id alone
                 name = str(part["file"].get("filename") or "file")
                 sites.append(Site("base64", ["content", i, "file", "file_data"], name=name))
-            elif kind == "input_audio" and isinstance(part.get("input_audio"), dict):
+            elif kind == "input_audio" and _has_string(part.get("input_audio"), "data"):
                 fmt = str(part["input_audio"].get("format") or "wav")
                 path: Path = ["content", i, "input_audio", "data"]
                 sites.append(Site("base64", path, name=f"audio.{fmt}", mime=f"audio/{fmt}"))
@@ -159,6 +159,11 @@ class ChatDialect:
 
     def prepend(self, message: Message, text: str) -> Message:
         return prepend_text(message, text)
+
+
+def _has_string(value: Any, key: str) -> bool:
+    """Whether ``value`` is an object holding a string at ``key``: the only parts a site may name."""
+    return isinstance(value, dict) and isinstance(value.get(key), str)
 
 
 CHAT = ChatDialect()

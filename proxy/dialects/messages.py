@@ -162,7 +162,12 @@ class MessagesDialect:
             kind, source = block.get("type"), block.get("source")
             if kind == "text" and isinstance(block.get("text"), str):
                 sites.append(Site("text", ["content", i, "text"]))
-            elif kind in ("image", "document") and isinstance(source, dict) and source.get("type") == "base64":
+            elif (
+                kind in ("image", "document")
+                and isinstance(source, dict)
+                and source.get("type") == "base64"
+                and (isinstance(source.get("data"), str))
+            ):
                 name = str(block.get("title") or kind)
                 sites.append(Site("base64", ["content", i, "source", "data"], name=name, mime=source.get("media_type")))
             elif kind == "tool_result":
