@@ -109,7 +109,7 @@ class ChatDialect:
         for call in message.get("tool_calls") or []:
             fn = _function(call)
             call_id = str(call.get("id")) if isinstance(call, dict) else ""
-            out.append(ToolCall(call_id, str(fn.get("name", "")), str(fn.get("arguments", ""))))
+            out.append(ToolCall(call_id, str(fn.get("name", "?")), str(fn.get("arguments", ""))))
         return out
 
     def result_ids(self, message: Message) -> list[str]:

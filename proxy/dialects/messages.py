@@ -137,7 +137,7 @@ class MessagesDialect:
 
     def tool_calls(self, message: Message) -> list[ToolCall]:
         return [
-            ToolCall(str(b.get("id")), str(b.get("name", "")), orjson.dumps(b.get("input", {})).decode())
+            ToolCall(str(b.get("id")), str(b.get("name", "?")), orjson.dumps(b.get("input", {})).decode())
             for b in _blocks(message)
             if b.get("type") == "tool_use"
         ]

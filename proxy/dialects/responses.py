@@ -122,7 +122,7 @@ class ResponsesDialect:
         if kind(message) not in CALLS:
             return []
         arguments = message.get("arguments", message.get("input", ""))
-        return [ToolCall(str(message.get("call_id")), str(message.get("name", "")), str(arguments))]
+        return [ToolCall(str(message.get("call_id")), str(message.get("name", "?")), str(arguments))]
 
     def result_ids(self, message: Message) -> list[str]:
         return [str(message.get("call_id"))] if kind(message) in OUTPUTS else []

@@ -49,7 +49,7 @@ def render_message(
         arguments = call.arguments
         if len(arguments) > MAX_ARGUMENT_CHARS:
             arguments = arguments[:MAX_ARGUMENT_CHARS] + "…"
-        lines.append(defang_markers(f"-> calls {call.name or '?'}({arguments})"))
+        lines.append(defang_markers(f"-> calls {call.name}({arguments})"))
     return redact_secrets("\n".join(lines))
 
 
