@@ -12,6 +12,7 @@ from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect, cut_allowed
 from proxy.engine.canonical import chain_hashes
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.ingest import export_conversation
+from proxy.engine.recall import RecallTools
 from proxy.store.location import Location
 from tests.support import wire_formats as t
 from tests.support.engine import run
@@ -214,6 +215,35 @@ def test_large_tool_output_of_each_format_is_stored_out_of_line(tmp_path: Path) 
                 assert value.startswith("[LCM Tool Output: file_") and f"tool={tool} |" in value
                 cid = prepared.conversation_id or ""
                 assert await export_conversation(store, files, "t", cid) == transcript
+            await engine.close()
+        finally:
+            await store.close()
+
+    run(scenario())
+
+
+def test_recall_reads_a_stored_message_in_its_conversations_format(tmp_path: Path) -> None:
+    """``lcm_describe`` of a stored assistant message shows its tool calls whatever the format: a Messages
+    ``tool_use`` block and a Responses ``function_call`` item read as calls, not as empty chat messages."""
+
+    async def scenario() -> None:
+        engine, store, files = await open_engine(tmp_path)
+        recall = RecallTools(store, files)
+        try:
+            big = Budget(window=100_000, output_reserve=1000, tools=0)
+            cases = (
+                (MESSAGES, messages_rounds(1), 1, "-> calls Bash("),
+                (RESPONSES, responses_rounds(1), 3, "-> calls shell("),
+            )
+            for dialect, transcript, index, call in cases:
+                prepared = await engine.prepare("t", transcript, big, None, dialect=dialect)
+                cid = prepared.conversation_id or ""
+                stored = await store.read.messages(cid)
+                seq = index - (len(transcript) - len(stored))  # seqs count from after the instructions
+                scope = await recall.scope("t", cid)
+                described = await recall.run(scope, "lcm_describe", f'{{"id": "msg_{stored[seq].id}"}}')
+                assert call in described, described
+                assert "PRIVATE" not in described  # thinking and reasoning stay out of recall, as of summaries
             await engine.close()
         finally:
             await store.close()

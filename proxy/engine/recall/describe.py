@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects import by_name
 from proxy.engine.errors import RecallError
 from proxy.engine.plan import view_message
 from proxy.engine.recall.lookup import Lookup, int_arg
@@ -90,4 +91,6 @@ async def _describe_message(lookup: Lookup, scope: Scope, message_id: int) -> st
         raise RecallError(f"no message msg_{message_id} in this conversation")
     record = found[0]
     message, _ = view_message(record, stubbed=False)
-    return f"Message msg_{message_id} (message {record.seq}):\n" + render_message(message, record.created_at)
+    return f"Message msg_{message_id} (message {record.seq}):\n" + render_message(
+        message, record.created_at, dialect=by_name(scope.dialect)
+    )

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from proxy import tokens
+from proxy.dialects import by_name
 from proxy.engine.errors import RecallError
 from proxy.engine.neutralise import neutralise, neutralise_cached
 from proxy.engine.plan import view_message
@@ -48,9 +49,10 @@ async def expand_summary(lookup: Lookup, scope: Scope, summary: SummaryRecord, c
         header = f"{summary.id} (leaf) covers messages {summary.start_seq}-{summary.end_seq - 1}:"
         rows = await lookup.store.read.source_messages(summary.id)
         items = []
+        dialect = by_name(scope.dialect)
         for row in rows:
             message, _ = view_message(row, stubbed=True)
-            items.append(f"msg_{row.id} " + render_message(message, row.created_at))
+            items.append(f"msg_{row.id} " + render_message(message, row.created_at, dialect=dialect))
     for item in items:
         cost = tokens.count_text(item)
         if used + cost > cap:

@@ -22,10 +22,13 @@ class Scope:
     are visible (messages ``[0, n)``): the current conversation first (bounded by the request's own length,
     so a request that re-sends an earlier point sees no more than it sent), then each ancestor, bounded by
     the point where the line of forks left it. A summary is visible when it covers only visible messages.
-    ``owner`` is the scope (``proxy.scopes``: a tenant, or an end user within it) the conversations belong to."""
+    ``owner`` is the scope (``proxy.scopes``: a tenant, or an end user within it) the conversations belong to;
+    ``dialect`` the wire format their messages are stored in (a line of forks never changes format: a chain's
+    root includes its dialect)."""
 
     owner: str
     bounds: tuple[tuple[str, int], ...]
+    dialect: str = "chat"
 
     @property
     def conversation_ids(self) -> tuple[str, ...]:
@@ -45,6 +48,7 @@ class Scope:
 async def resolve_scope(store: Store, owner: str, conversation_id: str, upto: int | None = None) -> Scope:
     """The scope of ``conversation_id`` as of its first ``upto`` messages (all of them by default)."""
     bounds: list[tuple[str, int]] = []
+    dialect = "chat"
     limit = UNBOUNDED if upto is None else upto
     current: str | None = conversation_id
     while current is not None and all(current != c for c, _ in bounds) and len(bounds) < MAX_ANCESTORS and limit > 0:
@@ -52,9 +56,11 @@ async def resolve_scope(store: Store, owner: str, conversation_id: str, upto: in
         record = await store.read.conversation(owner, current, deleted=True)
         if record is None:
             break
+        if not bounds:
+            dialect = record.dialect
         bounds.append((record.id, limit))
         if record.parent_id is None or record.fork_seq is None:
             break
         limit = min(limit, record.fork_seq)
         current = record.parent_id
-    return Scope(owner, tuple(bounds))
+    return Scope(owner, tuple(bounds), dialect)
