@@ -8,8 +8,9 @@ Items: ``message`` (``role``, ``content`` as a string or ``input_text`` / ``outp
 
 Each item is one stored message. Roles: a message item's own role; ``"tool_call"`` for a call, ``"tool"``
 for its output, ``"reasoning"``, ``"compaction"``. No cut falls before an output (its call is earlier), nor
-between a reasoning item and the call or message it produced: providers refuse a ``function_call`` replayed
-without its reasoning item. Reasoning is never text for summaries; its encrypted content is forwarded as
+between a reasoning item and what it produced (further reasoning, a preamble message, the calls after it):
+providers refuse a ``function_call`` replayed without its reasoning item, and GPT-5 models write a preamble
+message between the two. Reasoning is never text for summaries; its encrypted content is forwarded as
 it was sent. The top-level ``instructions`` field is the door's business; leading ``system`` / ``developer``
 message items (Codex sends its base prompt so) are instructions.
 """
@@ -24,8 +25,8 @@ from proxy.dialects.base import Site, ToolCall
 from proxy.types import Message
 
 INSTRUCTION_ROLES = ("system", "developer")
-CALLS = ("function_call", "custom_tool_call")
-OUTPUTS = ("function_call_output", "custom_tool_call_output")
+CALLS = ("function_call", "custom_tool_call", "local_shell_call")
+OUTPUTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 
 
@@ -86,10 +87,10 @@ class ResponsesDialect:
 
     def continues(self, previous: str, role: str) -> bool:
         if role == "tool":
-            return True
+            return True  # an output, after its call
         if role == "tool_call":
-            return previous in ("reasoning", "tool_call")
-        return previous == "reasoning" and role == "assistant"
+            return previous in ("reasoning", "tool_call", "assistant")  # a call, with the turn that made it
+        return previous == "reasoning" and role != "user"  # what a reasoning item produced, preamble included
 
     def user_turn(self, role: str) -> bool:
         return role == "user"

@@ -102,3 +102,22 @@ def test_chat_cuts_where_the_engine_always_cut() -> None:
             while first < required and roles[first] in ("tool", "function"):
                 first += 1
         assert fit(CHAT, [], 0, roles, costs, limit).first_raw == first, limit
+
+
+def test_a_responses_turn_stays_whole_from_its_reasoning_to_its_outputs() -> None:
+    """GPT-5 writes reasoning, more reasoning, a preamble message, then its calls: a cut anywhere inside that
+    turn would replay a call without its reasoning item, which the API refuses."""
+    turn = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the build."}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "gAAB"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running make."}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "local_shell_call", "call_id": "c2", "action": {"type": "exec", "command": ["ls"]}},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"type": "local_shell_call_output", "call_id": "c2", "output": "a.py"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks."}]},
+    ]
+    roles = [RESPONSES.role(m) for m in turn]
+    allowed = [i for i in range(len(turn) + 1) if cut_allowed(RESPONSES, roles, i)]
+    assert allowed == [0, 1, 8, 9]
