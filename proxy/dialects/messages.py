@@ -53,7 +53,17 @@ def _single_text(content: Any) -> bool:
 
 
 def _source_cost(source: Any) -> int:
-    data = source.get("data") if isinstance(source, dict) else None
+    """A document's source: plain text counted as text, inline content by its blocks, base64 bytes at a rough
+    and stable rate (decoded bytes / 16), a reference (``file_id``, ``url``) at an image's size."""
+    source = source if isinstance(source, dict) else {}
+    data = source.get("data")
+    if source.get("type") == "text" and isinstance(data, str):
+        return tokens.count_text(data)
+    if source.get("type") == "content" and isinstance(source.get("content"), (str, list)):
+        content = source["content"]
+        if isinstance(content, str):
+            return tokens.count_text(content)
+        return sum(_block_cost(b) for b in content if isinstance(b, dict))
     return max(1, len(data) * 3 // 4 // 16) if isinstance(data, str) else tokens.IMAGE_TOKENS
 
 

@@ -147,3 +147,17 @@ def test_responses_blocks_of_the_proxy_are_valid_input_items() -> None:
     assert merged["content"] == [{"type": "input_text", "text": "RECALL"}, *t.RESPONSES[1]["content"]]
     assert merged["type"] == "message" and merged["role"] == "user"
     assert d.prepend(t.RESPONSES[-1], "RECALL") == {"role": "user", "content": "RECALL\n\nNow commit it."}
+
+
+def test_a_plain_text_document_costs_what_its_text_does() -> None:
+    """A ``document`` whose source is plain text (or inline content) reaches the model as text: it must cost
+    what that text costs, not a base64 estimate a twentieth of it (the budget would let the window overflow)."""
+    text = "The deploy runbook: rotate the key, restart the workers, check the dashboards. " * 200
+    as_text = {"role": "user", "content": [{"type": "text", "text": text}]}
+    sources = [
+        {"type": "text", "media_type": "text/plain", "data": text},
+        {"type": "content", "content": [{"type": "text", "text": text}]},
+    ]
+    for source in sources:
+        document = {"role": "user", "content": [{"type": "document", "source": source}]}
+        assert MESSAGES.count(document) >= MESSAGES.count(as_text) * 0.9, source["type"]
