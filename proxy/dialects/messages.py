@@ -5,11 +5,14 @@ Blocks: ``text``, ``image`` and ``document`` (a ``source`` that may carry base64
 ``signature``) and ``redacted_thinking`` (``data``). A tool call is an assistant message's ``tool_use``
 blocks; their results are the ``tool_result`` blocks that open the next user message, which is why such a
 user message is stored with role ``"tool"``: it continues the assistant message before it and is not the
-user's own turn. Claude Code appends a ``<system-reminder>`` text block after the results; the message is
-still a tool result.
+user's own turn. Claude Code appends a ``<system-reminder>`` text block after the results, and a user who
+types while tools run has their words added there too: the message is still a tool result (it must stay with
+the calls it answers), so the newest *user turn* is the last message that opens with no result.
 
 Nothing here rewrites a stored block: thinking blocks and their signatures are forwarded byte-identical (the
-API checks them). Only the proxy's own blocks are made here, as text blocks of a user message. The top-level
+API checks them). Newer models refuse a thinking block replayed after the prefix before it changed, which a
+compaction does: what to forward then is the Messages door's rule to make (drop the earlier turns' thinking
+blocks, as the API allows), not a rewrite of what is stored. Only the proxy's own blocks are made here, as text blocks of a user message. The top-level
 ``system`` field is the door's business; a leading ``system`` message some clients put in ``messages`` is
 read as an instruction.
 """
