@@ -12,9 +12,9 @@ the calls it answers), so the newest *user turn* is the last message that opens 
 Nothing here rewrites a stored block: thinking blocks and their signatures are forwarded byte-identical (the
 API checks them). Newer models refuse a thinking block replayed after the prefix before it changed, which a
 compaction does: what to forward then is the Messages door's rule to make (drop the earlier turns' thinking
-blocks, as the API allows), not a rewrite of what is stored. Only the proxy's own blocks are made here, as text blocks of a user message. The top-level
-``system`` field is the door's business; a leading ``system`` message some clients put in ``messages`` is
-read as an instruction.
+blocks, as the API allows), not a rewrite of what is stored. Only the proxy's own blocks are made here, as
+text blocks of a user message. The top-level ``system`` field is the door's business; a leading ``system``
+message some clients put in ``messages`` is read as an instruction.
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ optional fields (``refusal: null``, ``tool_calls: []``, ``name: null``, ``conten
 come and go between SDK versions and frameworks. Identity therefore hashes a canonical form that drops
 empty values and sorts keys; the stored message keeps the client's original JSON.
 
-Each message's *chain hash* covers the tenant and every message before it, so one indexed lookup answers
-"does any conversation of this tenant start with exactly these k messages?" and the set of stored chain
-hashes is prefix-closed, which makes the longest-prefix search a binary search. The chain of a transcript
-of another wire format than chat starts from a root of its own (``chain_root``): a Messages transcript never
-continues a chat conversation, and chat's hashes are what they were before there were other formats.
+Each message's *chain hash* covers the scope (a tenant, or an end user within it) and every message before
+it, so one indexed lookup answers "does any conversation of this scope start with exactly these k messages?"
+and the set of stored chain hashes is prefix-closed, which makes the longest-prefix search a binary search.
+The chain of a transcript of another wire format than chat starts from a root of its own (``chain_root``): a
+Messages transcript never continues a chat conversation, and chat's hashes are what they were before there
+were other formats.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def same_message(a: Message, b: Message) -> bool:
     return bool(canonical(a) == canonical(b))
 
 
-def chain_root(tenant: str, dialect: str = dialects.CHAT.name) -> str:
-    seed = b"lcm-chain\x00" + tenant.encode()
+def chain_root(scope: str, dialect: str = dialects.CHAT.name) -> str:
+    seed = b"lcm-chain\x00" + scope.encode()
     if dialect != dialects.CHAT.name:
         seed += b"\x00" + dialect.encode()
     return hashlib.sha256(seed).hexdigest()[:32]
@@ -58,9 +59,9 @@ def chain_next(previous: str, message: Message) -> str:
     return hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
 
 
-def chain_hashes(tenant: str, messages: Messages, dialect: str = dialects.CHAT.name) -> list[str]:
-    """``result[i]`` identifies ``messages[: i + 1]`` (of wire format ``dialect``) within ``tenant``."""
-    previous = chain_root(tenant, dialect)
+def chain_hashes(scope: str, messages: Messages, dialect: str = dialects.CHAT.name) -> list[str]:
+    """``result[i]`` identifies ``messages[: i + 1]`` (of wire format ``dialect``) within ``scope``."""
+    previous = chain_root(scope, dialect)
     out: list[str] = []
     for message in messages:
         previous = chain_next(previous, message)
