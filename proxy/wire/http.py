@@ -66,7 +66,7 @@ def to_proxy_error(error: Reported) -> ProxyError:
         if kind in _HTTP:
             http, code = _HTTP[kind]
             return http(error.message, param=error.param, code=code)
-    log.error("engine error %s has no HTTP status: answered as an internal error", type(error).__name__)
+    log.error("%s has no HTTP status: answered as an internal error", type(error).__name__)
     return InternalError("Internal error in lcm-proxy. The request was not forwarded.")
 
 
