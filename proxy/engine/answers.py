@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from proxy.dialects import CHAT, Dialect
 from proxy.engine.canonical import chain_next, chain_root
@@ -31,28 +30,6 @@ from proxy.engine.intercept import Interceptor
 from proxy.types import Message
 
 log = logging.getLogger("lcm_proxy.engine")
-
-
-def answer_message(message: Any) -> Message | None:
-    """The assistant message to store for what the client received (None: nothing worth storing)."""
-    if not isinstance(message, dict):
-        return None
-    out: Message = {"role": "assistant", "content": None}
-    content = message.get("content")
-    if isinstance(content, str) and content:
-        out["content"] = content
-    calls = [
-        {"id": c.get("id"), "type": c.get("type") or "function", "function": c["function"]}
-        for c in message.get("tool_calls") or []
-        if isinstance(c, dict) and isinstance(c.get("function"), dict)
-    ]
-    if calls:
-        out["tool_calls"] = calls
-    if isinstance(message.get("refusal"), str) and message["refusal"]:
-        out["refusal"] = message["refusal"]
-    if out["content"] is None and len(out) == 2:
-        return None
-    return out
 
 
 async def record_answer(

@@ -132,7 +132,7 @@ class ContextEngine:
             dialect=dialect,
         )
         if ingested.conversation_id is None:
-            done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit)
+            done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit, dialect=dialect)
             return Preparation(self, done=done)
         parent_task = self.sweeps.current(ingested.forked_from) if ingested.forked_from else None
         if ingested.forked_from is not None and parent_task is None:
@@ -179,7 +179,7 @@ class ContextEngine:
             return Prepared(
                 conversation.id, ingested.messages, ingested.tokens_sent, ingested.tokens_forwarded, compaction,
                 limit, self._offer_tools(stubs, request.tools_offered), max(0, limit - view.tokens), count,
-                Sent(tokens=view.tokens), sizes, ingested.tip_chain,
+                Sent(tokens=view.tokens), sizes, ingested.tip_chain, request.dialect,
             )  # fmt: skip
         return await self._assemble(request, conversation.id, view, compact, compaction)
 
@@ -239,6 +239,7 @@ class ContextEngine:
             sent,
             sizes,
             ingested.tip_chain,
+            dialect,
         )
 
     async def _view(self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect) -> View:
@@ -375,10 +376,10 @@ class ContextEngine:
             await asyncio.wait({running})
         return await asyncio.shield(self.sweeps.start(conversation_id, summarizer, None, None, "full"))
 
-    async def record_answer(self, scope: str, prepared: Prepared, message: Any, asked_at: float) -> bool:
-        """Store the answer relayed for ``prepared`` (a request that arrived at ``asked_at``) as its
-        conversation's newest message (``answers``)."""
-        answer = answers.answer_message(message)
+    async def record_answer(self, scope: str, prepared: Prepared, answer: Message | None, asked_at: float) -> bool:
+        """Store ``answer`` (the door's reply to ``prepared``, in the request's wire format, None when there is
+        nothing worth storing), relayed for a request that arrived at ``asked_at``, as its conversation's
+        newest message (``answers``)."""
         if answer is None or prepared.conversation_id is None:
             return False
         return await answers.record_answer(
@@ -389,7 +390,7 @@ class ContextEngine:
             prepared.tip_chain,
             answer,
             asked_at,
-            CHAT,  # ``answer_message`` makes a chat message of a chat response
+            prepared.dialect,
         )
 
     async def wait_idle(self, timeout: float = 30.0) -> None:

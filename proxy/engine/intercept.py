@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import tokens
-from proxy.dialects import CHAT, Dialect
+from proxy.dialects import Dialect
 from proxy.dialects.base import Path
 from proxy.engine.neutralise import neutralise
 from proxy.types import Message
@@ -171,7 +171,7 @@ def _attributes(tag: str) -> dict[str, str]:
 
 class Interceptor:
     def __init__(
-        self, scope: str, large_threshold: int, tool_threshold: int, explore: Explorer, dialect: Dialect = CHAT
+        self, scope: str, large_threshold: int, tool_threshold: int, explore: Explorer, dialect: Dialect
     ) -> None:
         self.scope = scope
         self.dialect = dialect

@@ -247,7 +247,7 @@ def leaf_material(
     file_ids: list[str] = []
     for row in chunk:
         message, refs = view_message(row, stubbed=True)  # the summarizer reads stubs, not 20k-token logs
-        rendered.append(render_message(message, row.created_at, dialect=dialect))
+        rendered.append(render_message(message, row.created_at, dialect))
         pairs.append((row.role, redact_secrets(strip_reasoning(dialect.text(message)))))
         file_ids += [r for r in refs if r not in file_ids]
     return "\n\n".join(rendered), pairs, file_ids, select_facts(extract_facts(pairs), fact_room)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from proxy.dialects import Dialect
+from proxy.dialects import CHAT, Dialect
 from proxy.engine.budget import Sizes
 from proxy.engine.render import summary_tokens
 from proxy.store.records import SummaryRecord
@@ -59,3 +59,4 @@ class Prepared:
     sent: Sent = field(default_factory=Sent)
     sizes: Sizes | None = None
     tip_chain: str | None = None  # chain hash of the request's last message: the relayed answer follows it
+    dialect: Dialect = CHAT  # the wire format of the request (and of the answer stored after it)

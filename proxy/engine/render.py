@@ -34,7 +34,7 @@ def timestamp(seconds: float) -> str:
 
 
 def render_message(
-    message: Message, created_at: float, file_refs: dict[str, str] | None = None, dialect: Dialect = CHAT
+    message: Message, created_at: float, dialect: Dialect, file_refs: dict[str, str] | None = None
 ) -> str:
     """One message as summarizer input (and recall-tool output): ``[time | role]`` header, text, tool calls; no
     reasoning blocks. The message's own words cannot pass for a header or one of the proxy's tags
@@ -78,12 +78,12 @@ def summaries_text(summaries: Sequence[SummaryRecord]) -> str:
     return "\n".join(summary_block(s) for s in summaries)
 
 
-def render_summaries(summaries: Sequence[SummaryRecord], dialect: Dialect = CHAT) -> Message:
+def render_summaries(summaries: Sequence[SummaryRecord], dialect: Dialect) -> Message:
     """All summaries as one user message: chat templates that require strict user/assistant alternation
     (Gemma, older Mistral) accept one message where a run of them would be refused."""
     return dialect.summary_message(summaries_text(summaries))
 
 
-def summary_tokens(summaries: Sequence[SummaryRecord], dialect: Dialect = CHAT) -> int:
+def summary_tokens(summaries: Sequence[SummaryRecord], dialect: Dialect) -> int:
     """What the summaries cost in the assembled context (one message, see ``render_summaries``)."""
     return dialect.count(render_summaries(summaries, dialect)) if summaries else 0

@@ -3,12 +3,13 @@ for a call that has no name at all."""
 
 from __future__ import annotations
 
+from proxy.dialects import CHAT
 from proxy.engine.render import render_message
 
 
 def _calls(*calls: dict[str, object]) -> list[str]:
     message = {"role": "assistant", "content": None, "tool_calls": list(calls)}
-    return [line for line in render_message(message, 0.0).splitlines() if line.startswith("-> calls")]
+    return [line for line in render_message(message, 0.0, CHAT).splitlines() if line.startswith("-> calls")]
 
 
 def test_a_named_call_reads_with_its_name_and_arguments() -> None:

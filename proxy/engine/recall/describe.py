@@ -92,5 +92,5 @@ async def _describe_message(lookup: Lookup, scope: Scope, message_id: int) -> st
     record = found[0]
     message, _ = view_message(record, stubbed=False)
     return f"Message msg_{message_id} (message {record.seq}):\n" + render_message(
-        message, record.created_at, dialect=by_name(scope.dialect)
+        message, record.created_at, by_name(scope.dialect)
     )

@@ -52,7 +52,7 @@ async def expand_summary(lookup: Lookup, scope: Scope, summary: SummaryRecord, c
         dialect = by_name(scope.dialect)
         for row in rows:
             message, _ = view_message(row, stubbed=True)
-            items.append(f"msg_{row.id} " + render_message(message, row.created_at, dialect=dialect))
+            items.append(f"msg_{row.id} " + render_message(message, row.created_at, dialect))
     for item in items:
         cost = tokens.count_text(item)
         if used + cost > cap:

@@ -12,7 +12,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from proxy.errors import InternalError
-from proxy.types import Chunk
+from proxy.types import Chunk, Message
 from proxy.upstream.rounds import DEFAULT_SOURCE, Round
 from proxy.wire.http import REPORTED, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
@@ -88,3 +88,26 @@ async def relay_sse(
     if answer is not None and collected.finish_reason is not None:
         await answer.keep(collected.message())
     yield DONE
+
+
+def answer_message(message: Any) -> Message | None:
+    """The chat assistant message to store for the chat response the client received (None: nothing worth
+    storing): its text, tool calls and refusal, none of the response's other fields."""
+    if not isinstance(message, dict):
+        return None
+    out: Message = {"role": "assistant", "content": None}
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        out["content"] = content
+    calls = [
+        {"id": c.get("id"), "type": c.get("type") or "function", "function": c["function"]}
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict) and isinstance(c.get("function"), dict)
+    ]
+    if calls:
+        out["tool_calls"] = calls
+    if isinstance(message.get("refusal"), str) and message["refusal"]:
+        out["refusal"] = message["refusal"]
+    if out["content"] is None and len(out) == 2:
+        return None
+    return out

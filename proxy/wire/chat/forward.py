@@ -21,7 +21,7 @@ from proxy.relay.toolloop import RecallLoop, with_recall_tools
 from proxy.types import ChatBody
 from proxy.upstream.errors import describe_upstream, is_context_length_error
 from proxy.upstream.routing import ResolvedModel
-from proxy.wire.chat.answer import Answer, relay_sse, streaming
+from proxy.wire.chat.answer import Answer, answer_message, relay_sse, streaming
 from proxy.wire.http import JSONResponse
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Call:
                 log.info("the answer of %s was not stored: the client hung up", prepared.conversation_id)
                 return
             try:
-                await engine.record_answer(scope, prepared, message, self.asked_at)
+                await engine.record_answer(scope, prepared, answer_message(message), self.asked_at)
             except Exception as error:  # the client gets its answer anyway; its next request stores it
                 log.warning(
                     "the relayed answer of %s was not stored: %s", prepared.conversation_id, type(error).__name__
