@@ -115,8 +115,10 @@ async def open_engine(tmp_path: Path) -> tuple[ContextEngine, Any, Any]:
     return ContextEngine(store, files, SETTINGS), store, files
 
 
-def compacts_in_its_own_format(tmp_path: Path, dialect: Dialect, transcript: list[dict[str, Any]]) -> None:
-    async def scenario() -> None:
+def compacts_in_its_own_format(tmp_path: Path, dialect: Dialect, transcript: list[dict[str, Any]]) -> int:
+    """Checks a compacted transcript of ``dialect`` (see the assertions); returns how many summaries it forwarded."""
+
+    async def scenario() -> int:
         engine, store, files = await open_engine(tmp_path)
         try:
             prepared = await engine.prepare("t", transcript, SMALL, Summarizer(), dialect=dialect)
@@ -137,18 +139,19 @@ def compacts_in_its_own_format(tmp_path: Path, dialect: Dialect, transcript: lis
             assert_pairs_intact(dialect, forwarded, transcript[instructions:])
             assert forwarded[1:] == transcript[len(transcript) - len(forwarded) + 1 :]  # the raw tail as sent
             await engine.close()
+            return len(prepared.sent.summaries)
         finally:
             await store.close()
 
-    run(scenario())
+    return int(run(scenario()))
 
 
 def test_a_messages_transcript_compacts_in_its_own_format(tmp_path: Path) -> None:
-    compacts_in_its_own_format(tmp_path, MESSAGES, messages_rounds(25))
+    assert compacts_in_its_own_format(tmp_path, MESSAGES, messages_rounds(25)) >= 1
 
 
 def test_a_responses_transcript_compacts_in_its_own_format(tmp_path: Path) -> None:
-    compacts_in_its_own_format(tmp_path, RESPONSES, responses_rounds(20))
+    assert compacts_in_its_own_format(tmp_path, RESPONSES, responses_rounds(20)) >= 1
 
 
 def test_the_summary_block_has_the_shape_of_each_format(tmp_path: Path) -> None:
