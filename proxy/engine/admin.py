@@ -1,8 +1,8 @@
 """The admin service: what the admin HTTP API (``/lcm/...``, ``proxy.wire.admin``) and the operator's commands
 (``proxy.cli.operator``, which formats them for a terminal) both show and do. Plain dicts, ready for JSON.
 
-Every lookup takes the caller's tenant; an id of another tenant is indistinguishable from an unknown one. The
-operator, who sees every tenant, passes None.
+Every lookup takes the caller's scope (its tenant, or an end user within it); an id of another scope is
+indistinguishable from an unknown one. The operator, who sees every tenant, passes None.
 """
 
 from __future__ import annotations
@@ -73,14 +73,14 @@ class AdminViews:
         self.scrubber = Scrubber(engine.store)  # deletions made here are scrubbed in the background
         self.deleter = Deleter(engine.store, engine.files, self.scrubber)
 
-    async def find(self, tenant: str | None, name: str) -> ConversationRecord:
+    async def find(self, scope: str | None, name: str) -> ConversationRecord:
         """The tenant's conversation with this id, else the one its client calls so (the key it sends in
         ``X-LCM-Conversation-Id``): a client knows its own key, not necessarily the proxy's id. With no tenant
         (the operator's view of every tenant), a key several tenants use names none of them."""
-        c = await self.store.read.conversation(tenant, name)
+        c = await self.store.read.conversation(scope, name)
         if c is None and names_by_key(name):
-            if tenant is not None:
-                by_key = [c] if (c := await self.store.read.conversation_by_key(tenant, name)) else []
+            if scope is not None:
+                by_key = [c] if (c := await self.store.read.conversation_by_key(scope, name)) else []
             else:
                 by_key = await self.store.read.conversations_by_key(name)
             if len(by_key) > 1:
@@ -92,36 +92,36 @@ class AdminViews:
             raise NotFound(f"no conversation {name}")
         return c
 
-    async def records(self, tenant: str | None, limit: int) -> list[ConversationRecord]:
+    async def records(self, scope: str | None, limit: int) -> list[ConversationRecord]:
         """The tenant's conversations (None: every tenant's), most recently active first."""
-        return await self.store.read.conversations(tenant, limit)
+        return await self.store.read.conversations(scope, limit)
 
-    async def conversations(self, tenant: str, limit: int) -> dict[str, Any]:
-        return {"data": [_conversation_json(c) for c in await self.records(tenant, limit)]}
+    async def conversations(self, scope: str, limit: int) -> dict[str, Any]:
+        return {"data": [_conversation_json(c) for c in await self.records(scope, limit)]}
 
-    async def conversation(self, tenant: str, conversation_id: str) -> dict[str, Any]:
-        c = await self.find(tenant, conversation_id)
+    async def conversation(self, scope: str, conversation_id: str) -> dict[str, Any]:
+        c = await self.find(scope, conversation_id)
         context = await self.store.read.context_summaries(c.id)
         return {**_conversation_json(c), "context_summaries": [s.id for s in context]}
 
     async def messages(
-        self, tenant: str, conversation_id: str, after: int | None = None, limit: int = MESSAGES_PAGE
+        self, scope: str, conversation_id: str, after: int | None = None, limit: int = MESSAGES_PAGE
     ) -> dict[str, Any]:
         """One page of the conversation's messages: those after seq ``after`` (from the first without it), at
         most ``limit``; ``next`` is the ``after`` of the next page (None: this was the last). Read and built
         off the event loop: a page of large messages is megabytes of JSON."""
-        c = await self.find(tenant, conversation_id)
+        c = await self.find(scope, conversation_id)
         start = 0 if after is None else after + 1
         end = min(c.message_count, start + limit)
         rows = await self.store.search.messages(c.id, start, end) if start < end else []
         out = await asyncio.to_thread(_messages_json, rows)
         return {"data": out, "next": end - 1 if end < c.message_count else None}
 
-    async def context(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+    async def context(self, scope: str, conversation_id: str) -> dict[str, Any]:
         """What the last request forwarded (instructions and the auto-recall block excluded), with token counts:
         each summary and raw message marked ``sent`` or not (evicted to fit). Before any assembled request,
         the stored context as the next request would start from."""
-        c = await self.find(tenant, conversation_id)
+        c = await self.find(scope, conversation_id)
         summaries, upto = await self.engine.compactor.view(c, c.message_count)
         recorded = await self.store.read.last_sent(c.id)
         last = orjson.loads(recorded) if recorded else None
@@ -152,10 +152,10 @@ class AdminViews:
             "items": items,
         }
 
-    async def summary(self, tenant: str, summary_id: str) -> dict[str, Any]:
+    async def summary(self, scope: str, summary_id: str) -> dict[str, Any]:
         summary = await self.store.read.summary(summary_id)
         # A deleted conversation's summaries that live forks still use are theirs to see (``proxy.engine.deletion``).
-        owner = await self.store.read.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
+        owner = await self.store.read.conversation(scope, summary.conversation_id, deleted=True) if summary else None
         if summary is None or owner is None:
             raise NotFound(f"no summary {summary_id}")
         children = await self.store.read.child_summaries(summary.id)
@@ -164,17 +164,17 @@ class AdminViews:
         data["children"] = [c.id for c in children]
         return data
 
-    async def file(self, tenant: str, file_id: str, start_line: int | None, end_line: int | None) -> dict[str, Any]:
-        record = await self.store.read.file(tenant, file_id)
+    async def file(self, scope: str, file_id: str, start_line: int | None, end_line: int | None) -> dict[str, Any]:
+        record = await self.store.read.file(scope, file_id)
         if record is None:
             raise NotFound(f"no file {file_id}")
-        text = await self._described((tenant, record.conversation_id or ""), file_id, start_line, end_line)
+        text = await self._described((scope, record.conversation_id or ""), file_id, start_line, end_line)
         data = asdict(record)
         data.pop("path")  # where it lives on disk is the operator's business, not the API's
         data.pop("tenant")
         return {**data, "described": text}
 
-    async def describe(self, tenant: str | None, item_id: str, start_line: int | None, end_line: int | None) -> str:
+    async def describe(self, scope: str | None, item_id: str, start_line: int | None, end_line: int | None) -> str:
         """``lcm_describe`` of a summary, file or message, in the scope of the conversation (or tenant) that
         owns it."""
         q = self.store.read
@@ -182,13 +182,13 @@ class AdminViews:
         if item_id.startswith("sum_"):
             summary = await q.summary(item_id)
             # A deleted conversation kept for its forks owns what they share: the scope walks it as theirs do.
-            conversation = await q.conversation(tenant, summary.conversation_id, deleted=True) if summary else None
+            conversation = await q.conversation(scope, summary.conversation_id, deleted=True) if summary else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         elif item_id.startswith("file_"):
-            owner = await q.file_owner(tenant, item_id)
+            owner = await q.file_owner(scope, item_id)
         elif item_id.startswith("msg_") and item_id[4:].isdigit():
             rows = await q.messages_by_id([int(item_id[4:])])
-            conversation = await q.conversation(tenant, rows[0].conversation_id, deleted=True) if rows else None
+            conversation = await q.conversation(scope, rows[0].conversation_id, deleted=True) if rows else None
             owner = (conversation.tenant, conversation.id) if conversation else None
         if owner is None:
             raise NotFound(f"no summary, file or message {item_id}")
@@ -204,31 +204,31 @@ class AdminViews:
         )
 
     async def grep(
-        self, tenant: str | None, conversation_id: str, pattern: str, mode: str, limit: int
+        self, scope: str | None, conversation_id: str, pattern: str, mode: str, limit: int
     ) -> dict[str, Any]:
-        c = await self.find(tenant, conversation_id)
-        scope = await self.recall.scope(c.tenant, c.id)
+        c = await self.find(scope, conversation_id)
+        sees = await self.recall.scope(c.tenant, c.id)
         # Not through ``run``: a bad pattern or mode is the caller's error (RecallError), not text for a model.
-        result = await self.recall.grep(scope, {"pattern": pattern, "mode": mode, "limit": limit})
+        result = await self.recall.grep(sees, {"pattern": pattern, "mode": mode, "limit": limit})
         return {"conversation": c.id, "result": result}
 
     async def compact(
-        self, tenant: str | None, conversation_id: str, summarizer: RequestSummarizer | None
+        self, scope: str | None, conversation_id: str, summarizer: RequestSummarizer | None
     ) -> dict[str, Any]:
-        c = await self.find(tenant, conversation_id)
+        c = await self.find(scope, conversation_id)
         report = await self.engine.compact(c.id, summarizer)  # after a running sweep of it, never beside it
         return {"conversation": c.id, **asdict(report)}
 
-    async def export(self, tenant: str | None, conversation_id: str) -> Messages:
+    async def export(self, scope: str | None, conversation_id: str) -> Messages:
         """The transcript exactly as the client last sent it, stored files restored."""
-        c = await self.find(tenant, conversation_id)
-        return await export_conversation(self.store, self.engine.files, tenant, c.id)
+        c = await self.find(scope, conversation_id)
+        return await export_conversation(self.store, self.engine.files, scope, c.id)
 
-    async def delete(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+    async def delete(self, scope: str, conversation_id: str) -> dict[str, Any]:
         """Delete the tenant's conversation (by id or by its client's key): ``proxy.engine.deletion``."""
-        c = await self.find(tenant, conversation_id)
-        return (await self.deleter.delete(tenant, c.id, via="api")).as_json()
+        c = await self.find(scope, conversation_id)
+        return (await self.deleter.delete(scope, c.id, via="api")).as_json()
 
-    def scrub(self, tenant: str) -> dict[str, Any]:
+    def scrub(self, scope: str) -> dict[str, Any]:
         """Whether the scrub of the tenant's deletions made through this process is done (``Scrubber``)."""
-        return self.scrubber.status(tenant)
+        return self.scrubber.status(scope)
