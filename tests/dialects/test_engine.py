@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proxy.config.lcm import LcmSettings
 from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect, cut_allowed
 from proxy.engine.canonical import chain_hashes
 from proxy.engine.engine import Budget, ContextEngine
@@ -15,21 +14,10 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.recall import RecallTools
 from proxy.store.location import Location
 from tests.support import wire_formats as t
+from tests.support.compaction import SETTINGS as COMPACTION_SETTINGS
 from tests.support.engine import run
 
-SETTINGS = LcmSettings(
-    fresh_tail_count=4,
-    leaf_chunk_tokens=400,
-    leaf_target_tokens=60,
-    condensed_target_tokens=80,
-    leaf_min_fanout=3,
-    condensed_min_fanout=2,
-    tool_result_token_threshold=100,
-    large_file_token_threshold=2000,
-    fallback_max_tokens=60,
-    summary_timeout=0.5,
-    auto_recall="off",
-)
+SETTINGS = COMPACTION_SETTINGS.model_copy(update={"auto_recall": "off"})
 SMALL = Budget(window=2500, output_reserve=300, tools=0)
 FILLER = "the build log shows several warnings about deprecated options in the config. "
 

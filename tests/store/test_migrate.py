@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from proxy.config.lcm import LcmSettings
 from proxy.engine.answers import record_answer
 from proxy.engine.doctor import check_database
 from proxy.engine.engine import Budget, ContextEngine
@@ -22,20 +21,10 @@ from proxy.store.location import Location
 from proxy.store.migrate import PAYLOADS, TABLES, MigrateError, Migration, Outcome, _parents_first, report
 from proxy.store.sqlite.store import SQLiteStore
 from tests.support import REPO
+from tests.support.compaction import SETTINGS as COMPACTION_SETTINGS
 from tests.support.engine import assistant, row_count, rows, user
 
-SETTINGS = LcmSettings(
-    fresh_tail_count=4,
-    leaf_chunk_tokens=400,
-    leaf_target_tokens=60,
-    condensed_target_tokens=80,
-    leaf_min_fanout=3,
-    condensed_min_fanout=2,
-    tool_result_token_threshold=100,
-    large_file_token_threshold=2000,
-    fallback_max_tokens=60,
-    summary_timeout=5,
-)
+SETTINGS = COMPACTION_SETTINGS.model_copy(update={"summary_timeout": 5})
 BIG = Budget(window=100_000, output_reserve=1000, tools=0)
 
 
