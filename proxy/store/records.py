@@ -94,6 +94,36 @@ class SummaryRecord:
     created_at: float
 
 
+LEDGER_KINDS = ("rule", "constraint", "preference", "goal", "decision", "name")  # most important first
+LEDGER_STATES = ("active", "pinned", "dropped")
+
+
+@dataclass(frozen=True)
+class LedgerItem:
+    """One standing instruction of a conversation (``proxy.engine.ledger``): what the user or the agent set
+    to hold from then on, with the message it came from. An item is current until a later statement of the
+    same ``kind`` and ``slot`` supersedes it (``superseded_seq``: the seq of that statement's message, so that
+    a fork made before it still has the item current)."""
+
+    id: str  # "led_" + 16 hex digits
+    conversation_id: str
+    kind: str  # one of LEDGER_KINDS
+    slot: str  # what it is about, normalised ("budget", "budget travel", "push main"): the supersession key
+    value: str  # the part an update changes ("$800", "metric units"): absent from the context once stale
+    text: str  # the sentence as stated (credentials masked), what the model is shown
+    seq: int  # seq of the message it came from
+    message_id: int  # that message's row id (recall: lcm_describe / lcm_expand)
+    role: str  # who set it: "user", "assistant", "system", ...
+    created_at: float
+    superseded_seq: int | None = None  # seq of the message whose statement replaced it
+    superseded_by: str | None = None  # id of the item that replaced it
+    state: str = "active"  # one of LEDGER_STATES: pinned items are kept first, dropped ones never forwarded
+
+    @property
+    def current(self) -> bool:
+        return self.superseded_seq is None and self.state != "dropped"
+
+
 @dataclass(frozen=True)
 class Removed:
     """What one ``Writes.remove_conversation`` took away (and what it left for live forks)."""
