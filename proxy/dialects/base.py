@@ -27,8 +27,9 @@ What each method answers:
 * ``tool_calls`` / ``result_ids``: the calls a message makes and the call ids whose results it carries.
 * ``count``: its token cost as forwarded.
 * ``payload_sites``: the strings interception may move out of line (``proxy.engine.intercept``).
-* ``summary_message`` / ``prepend``: the proxy's own blocks, as a user message of the format or placed
-  before the text of a user message.
+* ``summary_message`` / ``prepend`` / ``append``: the proxy's own blocks, as a user message of the format,
+  placed before the text of a user message, or after the content of the request's last message (a tool
+  result: where a block that changes every request splits no cached prefix).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Dialect(Protocol):
     def payload_sites(self, message: Message) -> list[Site]: ...
     def summary_message(self, text: str) -> Message: ...
     def prepend(self, message: Message, text: str) -> Message: ...
+    def append(self, message: Message, text: str) -> Message: ...
 
 
 def split_instructions(dialect: Dialect, messages: list[Message]) -> tuple[list[Message], list[Message]]:

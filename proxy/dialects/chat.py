@@ -54,6 +54,16 @@ def prepend_text(message: Message, text: str) -> Message:
     return {**message, "content": text}
 
 
+def append_text(message: Message, text: str) -> Message:
+    """``message`` with ``text`` after its content (a text part when the content is a list of parts)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": text}]}
+    if isinstance(content, str) and content:
+        return {**message, "content": f"{content}\n\n{text}"}
+    return {**message, "content": text}
+
+
 def _function(call: Any) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
     return fn if isinstance(fn, dict) else {}
@@ -159,6 +169,9 @@ class ChatDialect:
 
     def prepend(self, message: Message, text: str) -> Message:
         return prepend_text(message, text)
+
+    def append(self, message: Message, text: str) -> Message:
+        return append_text(message, text)
 
 
 def _has_string(value: Any, key: str) -> bool:

@@ -208,5 +208,15 @@ class MessagesDialect:
             return {**message, "content": f"{text}\n\n{content}"}
         return {**message, "content": [block]}
 
+    def append(self, message: Message, text: str) -> Message:
+        """A text block after the content (after tool results, as the API wants them first)."""
+        content = message.get("content")
+        block = {"type": "text", "text": text}
+        if isinstance(content, list):
+            return {**message, "content": [*content, block]}
+        if isinstance(content, str) and content:
+            return {**message, "content": f"{content}\n\n{text}"}
+        return {**message, "content": [block]}
+
 
 MESSAGES = MessagesDialect()

@@ -163,5 +163,16 @@ class ResponsesDialect:
             return {**message, "content": f"{text}\n\n{content}"}
         return {**message, "content": [{"type": "input_text", "text": text}]}
 
+    def append(self, message: Message, text: str) -> Message:
+        """After a call's output (its ``output`` string, or a part after its parts), or after a message's content."""
+        key = "output" if kind(message) in OUTPUTS else "content"
+        value = message.get(key)
+        part = {"type": "input_text", "text": text}
+        if isinstance(value, list):
+            return {**message, key: [*value, part]}
+        if isinstance(value, str) and value:
+            return {**message, key: f"{value}\n\n{text}"}
+        return {**message, key: text if key == "output" else [part]}
+
 
 RESPONSES = ResponsesDialect()

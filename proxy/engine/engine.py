@@ -330,8 +330,12 @@ class ContextEngine:
     async def _auto_recall(
         self, conversation_id: str, first_raw: int, raw: list[Message], free: int, sizes: Sizes, dialect: Dialect
     ) -> tuple[list[Message], int, tuple[int, ...]]:
-        """Original excerpts matching the newest user message, from the messages not forwarded raw, placed
-        in that message right before its own text (everything before it stays byte-identical)."""
+        """Original excerpts matching the newest user message, from the messages not forwarded raw, placed at
+        the end of the request: before the user's own text when that message is the last one (the question
+        stays last), else after the last message's content (a tool round's result). The block differs from
+        request to request, so anywhere earlier it would split the prefix the next request shares with this
+        one (provider prompt caches, llama.cpp's KV cache): at the end, the next request, which carries this
+        message without it, still repeats everything before it."""
         index = len(raw) - 1
         while index >= 0 and not dialect.user_turn(dialect.role(raw[index])):
             index -= 1
@@ -344,7 +348,11 @@ class ContextEngine:
             return raw, 0, ()
         ids = tuple(int(i) for i in RECALLED_ID.findall(block))
         out = list(raw)
-        out[index] = dialect.prepend(raw[index], block)
+        last = len(raw) - 1
+        if dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
+            out[index] = dialect.prepend(raw[index], block)
+        else:
+            out[last] = dialect.append(raw[last], block)
         return out, tokens.count_text(block) + 2, ids
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:

@@ -161,3 +161,27 @@ def test_a_plain_text_document_costs_what_its_text_does() -> None:
     for source in sources:
         document = {"role": "user", "content": [{"type": "document", "source": source}]}
         assert MESSAGES.count(document) >= MESSAGES.count(as_text) * 0.9, source["type"]
+
+
+def test_append_puts_the_block_after_everything_the_message_holds() -> None:
+    """``append`` (the auto-recall block in a round of tool calls) leaves the message's own content first and
+    unchanged, in each format's own shape: the next request carries the message without the block."""
+    assert CHAT.append({"role": "tool", "tool_call_id": "c", "content": "3 passed"}, "B") == {
+        "role": "tool",
+        "tool_call_id": "c",
+        "content": "3 passed\n\nB",
+    }
+    assert CHAT.append(t.CHAT[7], "B")["content"] == [*t.CHAT[7]["content"], {"type": "text", "text": "B"}]
+    assert CHAT.append({"role": "user", "content": ""}, "B") == {"role": "user", "content": "B"}
+    # Messages: after the tool_result blocks (and after any block carrying the client's cache breakpoint).
+    merged = MESSAGES.append(t.MESSAGES[2], "B")["content"]
+    assert merged == [*t.MESSAGES[2]["content"], {"type": "text", "text": "B"}]
+    assert MESSAGES.append(t.MESSAGES[4], "B")["content"][-2] == t.MESSAGES[4]["content"][-1]
+    # Responses: a call's output gets it after its output string; a message after its parts.
+    assert RESPONSES.append(
+        {"type": "function_call_output", "call_id": "call_1", "output": "3 passed"}, "B"
+    ) == {"type": "function_call_output", "call_id": "call_1", "output": "3 passed\n\nB"}
+    assert RESPONSES.append(t.RESPONSES[1], "B")["content"] == [
+        *t.RESPONSES[1]["content"],
+        {"type": "input_text", "text": "B"},
+    ]

@@ -115,21 +115,26 @@ def forwarded_tokens(body: dict[str, Any]) -> int:
     return total
 
 
-# What the proxy may place before a message's own text: the summaries (merged into the first raw user message,
-# for strict user/assistant alternation) and the auto-recall block (in the newest user message).
+# What the proxy may place around a message's own text: the summaries before it (merged into the first raw user
+# message, for strict user/assistant alternation) and the auto-recall block after it (at the end of the request).
 SUMMARIES = re.compile(r"\A(?:<summary id=\"sum_[0-9a-f]{16}\"[^>]*>\n.*?\n</summary>\n?)+(?:\n|\Z)", re.S)
 RECALL_BLOCK = re.compile(r"\A<recalled_history [^>]*>\n.*?\n</recalled_history>(?:\n\n|\Z)", re.S)
+TRAILING_RECALL = re.compile(r"\n\n<recalled_history [^>]*>\n(?:(?!</recalled_history>).)*\n</recalled_history>\Z", re.S)
 
 
 def without_recall(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` without the summaries and the auto-recall block the proxy may place before its text."""
+    """``message`` without the summaries and the auto-recall block the proxy may place around its text."""
     content = message.get("content")
     if isinstance(content, str):
         content = SUMMARIES.sub("", content, count=1)
-        return {**message, "content": RECALL_BLOCK.sub("", content, count=1)}
+        content = RECALL_BLOCK.sub("", content, count=1)  # before the question (an assistant prefill follows)
+        return {**message, "content": TRAILING_RECALL.sub("", content, count=1)}
     if isinstance(content, list):
         parts = [p for p in content[:2] if str(p.get("text", "")).startswith(("<summary id=", "<recalled_history "))]
-        return {**message, "content": content[len(parts) :]}
+        content = content[len(parts) :]
+        if content and str(content[-1].get("text", "")).startswith("<recalled_history "):
+            content = content[:-1]
+        return {**message, "content": content}
     return message
 
 
