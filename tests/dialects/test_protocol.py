@@ -178,9 +178,11 @@ def test_append_puts_the_block_after_everything_the_message_holds() -> None:
     assert merged == [*t.MESSAGES[2]["content"], {"type": "text", "text": "B"}]
     assert MESSAGES.append(t.MESSAGES[4], "B")["content"][-2] == t.MESSAGES[4]["content"][-1]
     # Responses: a call's output gets it after its output string; a message after its parts.
-    assert RESPONSES.append(
-        {"type": "function_call_output", "call_id": "call_1", "output": "3 passed"}, "B"
-    ) == {"type": "function_call_output", "call_id": "call_1", "output": "3 passed\n\nB"}
+    assert RESPONSES.append({"type": "function_call_output", "call_id": "call_1", "output": "3 passed"}, "B") == {
+        "type": "function_call_output",
+        "call_id": "call_1",
+        "output": "3 passed\n\nB",
+    }
     assert RESPONSES.append(t.RESPONSES[1], "B")["content"] == [
         *t.RESPONSES[1]["content"],
         {"type": "input_text", "text": "B"},

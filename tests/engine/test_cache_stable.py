@@ -8,6 +8,7 @@ everything before it.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -56,7 +57,7 @@ def test_consecutive_requests_repeat_each_other_up_to_the_recall_block(where: Lo
                 await engine.wait_idle()
                 transcript += extra
         compared = with_block = 0
-        for (summaries, first, before), (summaries2, first2, after) in zip(sent, sent[1:], strict=False):
+        for (summaries, first, before), (summaries2, first2, after) in itertools.pairwise(sent):
             for message in before[:-1]:
                 assert "<recalled_history" not in str(message.get("content"))  # only ever in the last message
             with_block += "<recalled_history" in str(before[-1].get("content"))

@@ -119,7 +119,9 @@ def forwarded_tokens(body: dict[str, Any]) -> int:
 # message, for strict user/assistant alternation) and the auto-recall block after it (at the end of the request).
 SUMMARIES = re.compile(r"\A(?:<summary id=\"sum_[0-9a-f]{16}\"[^>]*>\n.*?\n</summary>\n?)+(?:\n|\Z)", re.S)
 RECALL_BLOCK = re.compile(r"\A<recalled_history [^>]*>\n.*?\n</recalled_history>(?:\n\n|\Z)", re.S)
-TRAILING_RECALL = re.compile(r"\n\n<recalled_history [^>]*>\n(?:(?!</recalled_history>).)*\n</recalled_history>\Z", re.S)
+TRAILING_RECALL = re.compile(
+    r"\n\n<recalled_history [^>]*>\n(?:(?!</recalled_history>).)*\n</recalled_history>\Z", re.S
+)
 
 
 def without_recall(message: dict[str, Any]) -> dict[str, Any]:
