@@ -138,7 +138,16 @@ def fold_words(text: str) -> str:
 # --- forged markers ----------------------------------------------------------------------------------------
 
 # The proxy's own tags: the wrappers the chat model sees, and those the summary model's input is framed in.
-TAG_NAMES = ("summary", "recalled_history", "material", "document", "previous_notes", "conversation", "notes")
+TAG_NAMES = (
+    "summary",
+    "recalled_history",
+    "material",
+    "document",
+    "previous_notes",
+    "conversation",
+    "notes",
+    "standing_instructions",
+)
 _GAP = rf"[\s{IGNORED}]*"
 
 
