@@ -75,7 +75,9 @@ _GOAL = re.compile(
     r"|priority)\s+(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?([^.!?]{3,120})",
     re.I,
 )
-_GOAL_LABEL = re.compile(r"(?:(?:new|updated|current|main)\s+)?(?:(\w+)\s+)??(?:goal|objective|aim)\s*:\s*(.{3,120})", re.I)
+_GOAL_LABEL = re.compile(
+    r"(?:(?:new|updated|current|main)\s+)?(?:(\w+)\s+)??(?:goal|objective|aim)\s*:\s*(.{3,120})", re.I
+)
 _STATUS = re.compile(
     r"\b(?:blocked on|blocked by|waiting on|waiting for|stuck on|on hold until|paused until)\s+([^.!?;,]{2,80})"
     r"|\b(no longer blocked|unblocked)\b",
@@ -129,11 +131,8 @@ def _rule(text: str) -> Found | None:
     if match := _RULE.search(text):
         positive = match.group("pos") or match.group("pos2")
         negative = match.group("neg") or match.group("neg2") or (not positive and _NEGATIVE.search(text))
-        return (
-            "rule",
-            content_words(text, "forget remember sure going forward circumstances"),
-            ("never" if negative else "always"),
-        )
+        value = "never" if negative else "always"
+        return "rule", content_words(text, "forget remember sure going forward circumstances"), value
     return None
 
 
@@ -142,7 +141,8 @@ def _goal(text: str) -> Found | None:
         return "goal", "status", (status.group(1) or "unblocked").strip()
     if goal := _GOAL.search(text) or _GOAL_LABEL.match(text):
         qualifier = (goal.group(1) or "").lower()
-        return "goal", slot("goal", "" if qualifier in NOT_QUALIFIER else stem(qualifier)), goal.group(2).strip(" .!")
+        which = "" if qualifier in NOT_QUALIFIER else stem(qualifier)
+        return "goal", slot("goal", which), goal.group(2).strip(" .!")
     if task := _TASK.search(text):
         doing = (task.group(1) or task.group(2)).strip()
         return "goal", "task " + content_words(doing), doing
@@ -153,17 +153,14 @@ def _limit(text: str) -> Found | None:
     comparison = COMPARISON.search(text)
     if not comparison or not _LIMIT_CONTEXT.search(text) or (_PAST.search(text) and not NORMATIVE.search(text)):
         return None
-    value = comparison.group(0).strip()
-    return "constraint", slot("limit", content_words(text, value + " must should need has have target")), value
+    value = comparison.group(0).strip()  # its unit stays in the slot: "at most 5 retries" limits retries
+    return "constraint", slot("limit", content_words(text, "must should need has have target")), value
 
 
 def _preference(text: str) -> Found | None:
     if prefer := _PREFER.search(text):
-        return (
-            "preference",
-            slot("prefer", content_words(text, "prefer rather like love hate preference")),
-            (prefer.group(1).strip()),
-        )
+        topic = content_words(text, "prefer rather like love hate preference")
+        return "preference", slot("prefer", topic), prefer.group(1).strip()
     return None
 
 
@@ -173,11 +170,8 @@ def _decision(text: str) -> Found | None:
         return None
     rest = text[decide.end() :]
     if cadence := _CADENCE.search(rest):
-        return (
-            "decision",
-            slot("decision", content_words(rest, cadence.group(0) + " " + _DECISION_WORDS)),
-            (cadence.group(0)),
-        )
+        topic = content_words(rest, cadence.group(0) + " " + _DECISION_WORDS)
+        return "decision", slot("decision", topic), cadence.group(0)
     choice = _CHOICE.match(rest)
     what = _REASON.sub("", rest[choice.end() :] if choice else rest).strip()
     if not what:
@@ -207,6 +201,5 @@ def classify(sentence: str) -> Found | None:
     for detect in (*CONCEPTS, *_CUES):
         found = detect(body)
         if found:
-            kind, slot, value = found
-            return (kind, slot, value) if slot.strip() and value.strip() else None
+            return found if found[1].strip() and found[2].strip() else None
     return None
