@@ -76,18 +76,19 @@ _MONTH = r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|a
 DATE = re.compile(
     rf"\b{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}\b"
     r"|\b\d{4}-\d\d-\d\d\b|\b(?:next\s+)?(?:mon|tues|wednes|thurs|fri|satur|sun)day\b|\bend of (?:the )?"
-    r"(?:day|week|month|quarter|year|sprint)\b|\b(?:eod|eow|tomorrow|tonight)\b|\bnext (?:week|month)\b|\bq[1-4]\b",
+    r"(?:day|week|month|quarter|year|sprint|q[1-4])\b|\b(?:eod|eow|tomorrow|tonight)\b|\bnext (?:week|month)\b"
+    r"|\bq[1-4]\b",
     re.I,
 )
 _QUANTITY = (
-    r"\d[\d,]*(?:\.\d+)?\s?(?:%|ms|s|secs?|seconds?|mins?|minutes?|h|hours?|days?|weeks?|gb|mb|kb|tb|k|words"
+    r"\d[\d,]*(?:\.\d+)?\s?(?:%|ms|milliseconds?|s|secs?|seconds?|mins?|minutes?|h|hours?|days?|weeks?|gb|mb|kb|tb|k|words"
     r"|lines|tokens|chars|characters|requests|rps|qps|retries|calls|items|files|users|percent)?\b"
 )
 COMPARISON = re.compile(
     r"\b(?:at most|at least|no more than|not more than|no less than|fewer than|less than|more than|under|below"
     r"|above|over|within|max(?:imum)?(?: of)?|min(?:imum)?(?: of)?|up to|capped at|cap of|limit(?:ed)? to"
     rf"|(?:not |never )?exceed(?:ing)?)\s+{_QUANTITY}"
-    rf"|[<>]=?\s?{_QUANTITY}",
+    rf"|[<>]=?\s?{_QUANTITY}|\b(?:minimum|maximum)\b[^.!?\d]{{0,40}}?\b(?:is|of)\s+{_QUANTITY}",
     re.I,
 )
 _IDENT = r"`[^`]{1,80}`|\"[^\"]{1,80}\"|[\w./:@#-]*[\d._/:@#-][\w./:@#-]*[\w/]"
@@ -112,9 +113,11 @@ _QUALIFIED_BY = re.compile(r"\s+(?:for|on)\s+(?:the\s+|our\s+|all\s+)?([a-z][\w-
 
 def _qualifier(text: str, noun: re.Match[str]) -> str:
     """The word that says *which* one: right before the concept's noun ("travel budget"), or after "for/on"."""
-    before = _WORD.findall(text[: noun.start()].lower())[-1:]
+    before = _WORD.findall(text[: noun.start()].lower())[-2:]
+    if before[-1:] in (["is"], ["are"]):
+        before = before[:-1]  # "the report is due"
     after = _QUALIFIED_BY.match(text, noun.end())
-    words = [*before, *([after.group(1).lower()] if after else [])]
+    words = [*before[-1:], *([after.group(1).lower()] if after else [])]
     return " ".join(stem(w) for w in words if w not in NOT_QUALIFIER and not w.isdigit())
 
 
@@ -129,6 +132,7 @@ def _budget(text: str) -> Found | None:
     return "constraint", slot("budget", _qualifier(text, noun)), money.group(0).strip()
 
 
+_BY = re.compile(r"\b(?:by|before|no later than)\s+(?:the\s+)?$", re.I)  # "… the report by Monday"
 _DEADLINE_WORD = re.compile(
     r"\b(deadline|due|ship(?:s|ping)?|launch(?:es|ing)?|release date|go[- ]live|deliver(?:ed)?|cutoff"
     r"|done|finished|no later than)\b",
@@ -137,7 +141,8 @@ _DEADLINE_WORD = re.compile(
 
 
 def _deadline(text: str) -> Found | None:
-    date, noun = DATE.search(text), _DEADLINE_WORD.search(text)
+    date = DATE.search(text)
+    noun = _DEADLINE_WORD.search(text) or (date and _BY.search(text, 0, date.start()))
     if not date or not noun or date.start() < noun.start():
         return None
     return "constraint", slot("deadline", _qualifier(text, noun)), date.group(0)
@@ -161,7 +166,7 @@ def _pinned_version(text: str) -> Found | None:
         return None
     groups = [g for g in match.groups() if g]
     tool, version = groups[0], groups[1]
-    if "." not in version and not tool[0].isupper():
+    if "." not in version and tool.islower():
         return None  # "use port 8080": a number, not a version
     return "constraint", f"version {tool.lower()}", version
 
@@ -200,7 +205,8 @@ _ASSIGNED = re.compile(
 )
 _USE_ID = re.compile(
     r"\b(?:use|reference|cite|track (?:it|this) (?:in|under)|file (?:it|this) under|log (?:it|this) (?:in|under))"
-    r"\s+(?:the\s+)?(ticket|issue|jira|branch|channel|label|epic|account|bucket|namespace|queue|profile|region)"
+    r"\s+(?:the\s+)?((?:[\w-]+\s+)??(?:ticket|issue|jira|branch|channel|label|epic|account|bucket|namespace|queue"
+    r"|profile|region))"
     r"\s+([\w./:@#-]*\d(?:[\w./:@#-]*[\w/])?|`[^`]{1,80}`)",
     re.I,
 )
@@ -234,7 +240,7 @@ def _lexicon_name(text: str) -> Found | None:
     if assigned := _ASSIGNED.search(text):
         return "name", content_words(assigned.group(1)), assigned.group(2)
     if used := _USE_ID.search(text):
-        return "name", used.group(1).lower(), used.group(2)
+        return "name", content_words(used.group(1)), used.group(2)
     if owner := _OWNER.search(text):
         return "decision", "owner " + content_words(f"{owner.group(2)} {owner.group(3)}"), owner.group(1)
     return None

@@ -45,16 +45,17 @@ _LEAD = re.compile(
 
 _CLAUSE = r"^(?:[^,:;]{0,40}[,:;]\s*)?(?:(?:you|we|everyone|the team)\s+)?"  # "When you commit, always …"
 _NOT_AN_ORDER = (
-    r"(?!(?:worry|mind|bother|hesitate|know|think|care|understand|the|a|an|this|that|so|such|been|be|got|had|did"
+    r"(?!(?:worry|mind|bother|hesitate|know|think|care|understand|the|a|an|this|that|so|such|been|got|had|did|if|\d"
     r"|was|were|saw|said|went|made|heard|knew|thought|found|came|seen|done|gone|known|taken|given|\w+ed)\b)"
 )
 _RULE = re.compile(
-    _CLAUSE + r"(?:(?P<pos>always|must(?! not)|make sure(?: to| that)?|ensure(?: that)?|be sure to"
+    _CLAUSE + r"(?:(?P<pos>always|must(?! not| never)(?!\s+be\b)|make sure(?: to| that)?|ensure(?: that)?|be sure to"
     r"|(?:don't|do not) forget to|remember to|should always|need to always)"
-    r"|(?P<neg>never|don't|do not|must not|mustn't|may not|are not allowed to|should never|avoid|stop))"
+    r"|only|(?P<neg>never|don't|do not|must not|must never|mustn't|may not|are not allowed to|should never|avoid"
+    r"|stop))"
     rf"\s+{_NOT_AN_ORDER}\w"
-    r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not)|should always|is always|are always)"
-    rf"|(?P<neg2>must not|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}\w"
+    r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not| never)(?!\s+be\b)|should always|is always|are always)"
+    rf"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}\w"
     r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b",
     re.I,
 )
@@ -72,14 +73,15 @@ _RELEASED = re.compile(
 )
 _GOAL = re.compile(
     r"\b(?:the|our|my|main|primary|current|overall|end|final)\s+(?:([\w-]+)\s+)?(?:goal|aim|objective|mission"
-    r"|priority)\s+(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?([^.!?]{3,120})",
+    r"|priority|task|focus)\s+(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?([^.!?]{3,120})",
     re.I,
 )
 _GOAL_LABEL = re.compile(
     r"(?:(?:new|updated|current|main)\s+)?(?:(\w+)\s+)??(?:goal|objective|aim)\s*:\s*(.{3,120})", re.I
 )
 _STATUS = re.compile(
-    r"\b(?:blocked on|blocked by|waiting on|waiting for|stuck on|on hold until|paused until)\s+([^.!?;,]{2,80})"
+    r"\b(?:blocked on|blocked by|blocked until|waiting on|waiting for|stuck on|on hold until|paused until)\s+"
+    r"([^.!?;,]{2,80})"
     r"|\b(no longer blocked|unblocked)\b",
     re.I,
 )
@@ -93,7 +95,7 @@ _TASK = re.compile(
 _LIMIT_CONTEXT = re.compile(
     r"\b(?:must|should|need to|needs to|has to|have to|keep|stay|stays|remain|cap|capped|limit|limited|at most"
     r"|no more than|not exceed|never exceed|sla|slo|required|requirement|target|allowed|p\d\d|latency|uptime"
-    r"|error rate)\b",
+    r"|error rate|the (?:minimum|maximum))\b|^(?:max|maximum|min|minimum|at most|at least|no more than|up to)\b",
     re.I,
 )
 _PAST = re.compile(r"\b(?:was|were|had|did|got|went|yesterday|last (?:week|time|month|night|run))\b", re.I)
@@ -177,7 +179,7 @@ def _decision(text: str) -> Found | None:
     if not what:
         return None
     purpose = _PURPOSE.search(what)
-    if purpose and choice:
+    if purpose:
         return "decision", slot("use", content_words(what[purpose.end() :])), what[: purpose.start()]
     return "decision", slot("use" if choice else "decision", content_words(what, _DECISION_WORDS)), what
 
