@@ -108,6 +108,11 @@ NORMATIVE = re.compile(
     r"|keep|stay|must|should|not exceed|up to|can spend)\b",
     re.I,
 )
+# Said of the past ("the budget was $500 last year"), unless it still holds.
+PAST = re.compile(
+    r"\b(?:was|were|had|did|got|went|ran|spent|yesterday|last (?:week|time|month|year|night|run))\b", re.I
+)
+_STILL = re.compile(r"\b(?:now|from now on|going forward|still|must|should|keep|stay)\b", re.I)
 _QUALIFIED_BY = re.compile(r"\s+(?:for|on)\s+(?:the\s+|our\s+|all\s+)?([a-z][\w-]*)", re.I)
 
 
@@ -127,11 +132,12 @@ def slot(concept: str, qualifier: str) -> str:
 
 def _budget(text: str) -> Found | None:
     money, noun = MONEY.search(text), _BUDGET_WORD.search(text)
-    if not money or not noun or not NORMATIVE.search(text):
+    if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not _STILL.search(text)):
         return None
     return "constraint", slot("budget", _qualifier(text, noun)), money.group(0).strip()
 
 
+_FUTURE = re.compile(r"\b(?:needs?|must|should|has to|have to|will|wants?|going to|expects?|plans?|got to)\b", re.I)
 _BY = re.compile(r"\b(?:by|before|no later than)\s+(?:the\s+)?$", re.I)  # "… the report by Monday"
 _DEADLINE_WORD = re.compile(
     r"\b(deadline|due|ship(?:s|ping)?|launch(?:es|ing)?|release date|go[- ]live|deliver(?:ed)?|cutoff"
@@ -142,10 +148,14 @@ _DEADLINE_WORD = re.compile(
 
 def _deadline(text: str) -> Found | None:
     date = DATE.search(text)
-    noun = _DEADLINE_WORD.search(text) or (date and _BY.search(text, 0, date.start()))
-    if not date or not noun or date.start() < noun.start():
+    if not date:
         return None
-    return "constraint", slot("deadline", _qualifier(text, noun)), date.group(0)
+    if (noun := _DEADLINE_WORD.search(text)) and noun.start() <= date.start():
+        return "constraint", slot("deadline", _qualifier(text, noun)), date.group(0)
+    if _FUTURE.search(text) and _BY.search(text, 0, date.start()):  # "the customer wants the report by Monday"
+        what = content_words(text[: date.start()], "need want must should will going expect plan got before")
+        return "constraint", slot("deadline", what), date.group(0)
+    return None
 
 
 _VERSION = r"v?(\d+(?:\.\d+){0,3}(?:\.x)?)\b"
@@ -241,7 +251,7 @@ def _lexicon_name(text: str) -> Found | None:
         return "name", content_words(assigned.group(1)), assigned.group(2)
     if used := _USE_ID.search(text):
         return "name", content_words(used.group(1)), used.group(2)
-    if owner := _OWNER.search(text):
+    if (owner := _OWNER.search(text)) and owner.group(1).lower() not in STOPWORDS:
         return "decision", "owner " + content_words(f"{owner.group(2)} {owner.group(3)}"), owner.group(1)
     return None
 

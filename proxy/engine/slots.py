@@ -27,6 +27,7 @@ from proxy.engine.lexicon import (
     CONCEPTS,
     NORMATIVE,
     NOT_QUALIFIER,
+    PAST,
     Found,
     content_words,
     slot,
@@ -45,16 +46,17 @@ _LEAD = re.compile(
 
 _CLAUSE = r"^(?:[^,:;]{0,40}[,:;]\s*)?(?:(?:you|we|everyone|the team)\s+)?"  # "When you commit, always …"
 _NOT_AN_ORDER = (
-    r"(?!(?:worry|mind|bother|hesitate|know|think|care|understand|the|a|an|this|that|so|such|been|got|had|did|if|\d"
+    r"(?!(?:worry|mind|bother|hesitate|know|think|care|understand|the|a|an|this|that|so|such|been|got|had|did|if|when|once|because|after|again|one|\d"
     r"|was|were|saw|said|went|made|heard|knew|thought|found|came|seen|done|gone|known|taken|given|\w+ed)\b)"
 )
 _RULE = re.compile(
-    _CLAUSE + r"(?:(?P<pos>always|must(?! not| never)(?!\s+be\b)|make sure(?: to| that)?|ensure(?: that)?|be sure to"
+    _CLAUSE
+    + r"(?:(?P<pos>always|must(?! not| never)(?!\s+(?:be|have)\b)|make sure(?: to| that)?|ensure(?: that)?|be sure to"
     r"|(?:don't|do not) forget to|remember to|should always|need to always)"
     r"|only|(?P<neg>never|don't|do not|must not|must never|mustn't|may not|are not allowed to|should never|avoid"
     r"|stop))"
     rf"\s+{_NOT_AN_ORDER}\w"
-    r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not| never)(?!\s+be\b)|should always|is always|are always)"
+    r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not| never)(?!\s+(?:be|have)\b)|should always|is always|are always)"
     rf"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}\w"
     r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b",
     re.I,
@@ -98,7 +100,6 @@ _LIMIT_CONTEXT = re.compile(
     r"|error rate|the (?:minimum|maximum))\b|^(?:max|maximum|min|minimum|at most|at least|no more than|up to)\b",
     re.I,
 )
-_PAST = re.compile(r"\b(?:was|were|had|did|got|went|yesterday|last (?:week|time|month|night|run))\b", re.I)
 _PREFER = re.compile(
     r"\b(?:i(?:'d| would)?\s+(?:really\s+)?(?:prefer|rather)|i (?:like|love|hate) it when|my preference is)\s+"
     r"(?:to\s+|that\s+)?([^.!?;,]{2,80})",
@@ -153,7 +154,7 @@ def _goal(text: str) -> Found | None:
 
 def _limit(text: str) -> Found | None:
     comparison = COMPARISON.search(text)
-    if not comparison or not _LIMIT_CONTEXT.search(text) or (_PAST.search(text) and not NORMATIVE.search(text)):
+    if not comparison or not _LIMIT_CONTEXT.search(text) or (PAST.search(text) and not NORMATIVE.search(text)):
         return None
     value = comparison.group(0).strip()  # its unit stays in the slot: "at most 5 retries" limits retries
     return "constraint", slot("limit", content_words(text, "must should need has have target")), value

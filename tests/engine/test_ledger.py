@@ -107,6 +107,14 @@ NOTHING = [
     "This function must be called before init().",
     "Let me know if you want me to change it.",
     "I looked at the logs and found 3 timeouts.",
+    "Only one test failed.",
+    "Only when the flag is set does it log.",
+    "The script ran by Tuesday.",
+    "It handles up to 500 requests per second.",
+    "You must have missed the email.",
+    "Never again will I use that library.",
+    "The budget was $500 last year.",
+    "We should use Postgres.",
 ]
 
 
@@ -201,6 +209,7 @@ SUPERSEDING = [  # (old, new): the new one updates the old, in other words
     ("We need to ship by March 3rd.", "The launch slipped to March 10."),
     ("The budget cap is $800.", "We can spend up to $1,200 now."),
     ("Never push to main.", "Pushing to main is fine now."),
+    ("The customer wants the report by Monday.", "The customer now wants the report by Wednesday."),
 ]
 
 DISTINCT = [  # (old, new): both stay
@@ -217,6 +226,7 @@ DISTINCT = [  # (old, new): both stay
     ("Use ticket OPS-1423.", "The release branch is release/2.4."),
     ("We need to ship by March 3rd.", "The report is due Friday."),
     ("The report is due Friday.", "The invoice is due Monday."),
+    ("We need to ship by March 3rd.", "I will send the invoice by Friday."),
     ("My name is Priya.", "The project is called Falcon."),
     ("Keep answers short.", "Answer in metric units."),
     ("No more than 3 retries per request.", "No more than 10 requests per minute."),
