@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from proxy import tokens
 from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
-from proxy.engine.neutralise import neutralise
+from proxy.engine.neutralise import neutralise_cached
 from proxy.engine.slots import classify
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
@@ -117,7 +117,7 @@ def select(items: Sequence[LedgerItem], room: int) -> list[LedgerItem]:
     """The current items whose rendered block fits ``room`` tokens: pinned first, then by kind (rules,
     constraints, preferences, goals, decisions, names), newer before older within a kind; returned in source
     order (seq, then id), so that adding an item only appends to the block."""
-    budget = room - tokens.count_text(render_block([]))
+    budget = room - tokens.count_text(_block([]))
     chosen: list[LedgerItem] = []
     for item in sorted((item for item in items if item.current), key=_priority):
         cost = tokens.count_text(_line(item))  # its line break merges with the line's last token, mostly
@@ -125,7 +125,7 @@ def select(items: Sequence[LedgerItem], room: int) -> list[LedgerItem]:
             chosen.append(item)
             budget -= cost
     # Counting lines one by one can differ from counting the block by a token: drop the least important.
-    while chosen and tokens.count_text(render(chosen)) > room:
+    while chosen and tokens.count_text(render(_source_order(chosen))) > room:
         chosen.remove(max(chosen, key=_priority))
     return _source_order(chosen)
 
@@ -133,14 +133,15 @@ def select(items: Sequence[LedgerItem], room: int) -> list[LedgerItem]:
 def _line(item: LedgerItem) -> str:
     role = item.role if _ROLE.fullmatch(item.role) else "unknown"
     label = item.kind if role == "user" else f"{item.kind}, {role}"
-    return f"- [{label}] {neutralise(' '.join(item.text.split()))} (msg_{item.message_id})"
+    return f"- [{label}] {neutralise_cached(' '.join(item.text.split()))} (msg_{item.message_id})"
 
 
-def render_block(lines: Sequence[str]) -> str:
+def _block(lines: Sequence[str]) -> str:
     return "\n".join([OPEN_TAG, INTRO, *lines, CLOSE_TAG])
 
 
 def render(items: Sequence[LedgerItem]) -> str:
     """The block the model sees, one line per item in the order given ('' when there is none): each item's
-    text neutralised, so it can neither close the block nor forge one of the proxy's tags."""
-    return render_block([_line(item) for item in items]) if items else ""
+    text neutralised (cached: the block is rendered again on every request), so it can neither close the
+    block nor forge one of the proxy's tags."""
+    return _block([_line(item) for item in items]) if items else ""
