@@ -185,6 +185,7 @@ def _decision(text: str) -> Found | None:
     return "decision", slot("use" if choice else "decision", content_words(what, _DECISION_WORDS)), what
 
 
+_EMPHASIS = re.compile(r"\*\*|__|(?<!\w)[*_](?=\w)|(?<=\w)[*_](?!\w)")
 _CUES: tuple[Callable[[str], Found | None], ...] = (_limit, _rule, _goal, _preference, _decision)
 _QUESTION = re.compile(
     r"^(?:(?:what|why|how|when|where|who|which|whose)\s+(?:is|are|do|does|did|should|can|could|would|will|was"
@@ -197,6 +198,7 @@ _QUESTION = re.compile(
 def classify(sentence: str) -> Found | None:
     """(kind, slot, value) of what ``sentence`` sets for the rest of the conversation; None for most sentences
     (questions, thanks, discussion, numbers in passing), and for those whose slot came out empty."""
+    sentence = _EMPHASIS.sub("", sentence)  # "**Never** commit secrets"
     lead = _LEAD.match(sentence)
     body = sentence[lead.end() if lead else 0 :].strip()
     if len(body) < 6 or body.endswith("?") or _QUESTION.match(body):

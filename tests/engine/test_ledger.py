@@ -168,6 +168,16 @@ def test_an_instruction_override_is_never_an_item() -> None:
     assert extract(text, "user") == []
 
 
+def test_list_items_and_markdown_emphasis_are_read_as_sentences() -> None:
+    text = "Ground rules:\n- Never push to main\n1. Budget cap is $800\n* **Never** commit secrets.\n> _Always_ run the tests."
+    assert [(s.kind, s.value, s.text) for s in extract(text, "user")] == [
+        ("rule", "never", "Never push to main"),
+        ("constraint", "$800", "Budget cap is $800"),
+        ("rule", "never", "**Never** commit secrets."),
+        ("rule", "always", "_Always_ run the tests."),
+    ]
+
+
 def test_code_blocks_set_nothing() -> None:
     text = "Here is the script:\n```\n# never push to main\nBUDGET = '$800'  # budget cap\n```\nDoes it look right?"
     assert extract(text, "user") == []
