@@ -109,7 +109,7 @@ def _clip(sentence: str) -> str:
     return (cut[:space] if space > MAX_FACT_CHARS // 2 else cut).rstrip() + "…"
 
 
-def _sentences(text: str) -> Iterator[str]:
+def sentences(text: str) -> Iterator[str]:
     """Sentences of ``text``: split on lines, list bullets and ``injection.SENTENCE``; headings skipped."""
     for line in text.split("\n"):
         if not line.strip() or _HEADING.match(line):
@@ -142,7 +142,7 @@ def extract_facts(messages: Sequence[tuple[str, str]]) -> list[Fact]:
     facts: list[Fact] = []
     seen: set[str] = set()
     for position, (role, text) in enumerate(messages):
-        for sentence in _sentences(text):
+        for sentence in sentences(text):
             key = _key(sentence)
             if key in seen or not any(c.isalpha() for c in sentence) or is_instruction_override(sentence):
                 continue
@@ -275,7 +275,7 @@ def clean_generation(text: str) -> str:
 
 
 def _first_sentence(text: str) -> str:
-    for sentence in _sentences(text):
+    for sentence in sentences(text):
         ack = _ACK.match(sentence)
         if any(c.isalnum() for c in sentence[ack.end() if ack else 0 :]) and not is_instruction_override(sentence):
             return sentence

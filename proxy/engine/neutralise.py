@@ -1,8 +1,9 @@
 """One neutraliser for every block the proxy wraps around untrusted content.
 
 Summary blocks (``<summary … trust="untrusted">``), auto-recall excerpts (``<recalled_history>``), file and
-tool-output stubs with their exploration summaries, and what the recall tools wrap (child summaries, the
-``<material>`` of ``lcm_expand_query``) all pass their content through ``neutralise``:
+tool-output stubs with their exploration summaries, what the recall tools wrap (child summaries, the
+``<material>`` of ``lcm_expand_query``) and the ledger's items (``<standing_instructions>``) all pass their
+content through ``neutralise``:
 
 * **Forged markers made inert.** Anything a reader could take for one of the proxy's own tags
   (``TAG_NAMES``, opening or closing) has its ``<`` escaped (``&lt;``); anything it could take for an
@@ -138,7 +139,16 @@ def fold_words(text: str) -> str:
 # --- forged markers ----------------------------------------------------------------------------------------
 
 # The proxy's own tags: the wrappers the chat model sees, and those the summary model's input is framed in.
-TAG_NAMES = ("summary", "recalled_history", "material", "document", "previous_notes", "conversation", "notes")
+TAG_NAMES = (
+    "summary",
+    "recalled_history",
+    "material",
+    "document",
+    "previous_notes",
+    "conversation",
+    "notes",
+    "standing_instructions",
+)
 _GAP = rf"[\s{IGNORED}]*"
 
 

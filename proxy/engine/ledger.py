@@ -1,0 +1,147 @@
+"""The standing-instructions ledger: what the user or the agent set to hold from then on, kept current and shown.
+
+A long session's rules ("never push to main"), hard constraints ("budget cap is $800"), preferences, goals and
+task state, decisions and names are stated once and acted on without being asked about again, so a summary that
+keeps a few facts by score loses most of them. The ledger keeps each as an item (``proxy.store.records.
+LedgerItem``) with the message it came from, replaces it when a later statement updates it, also in other words
+(``proxy.engine.slots``: the same kind family and slot), and is forwarded as one block right after the
+instructions once compaction has started.
+
+This module is the deterministic core, with no store and no I/O:
+
+* ``extract``: the standing instructions in one message's text, by who said it (the agent may set decisions and
+  names; tool output is untrusted and sets nothing; an instruction override is never an item);
+* ``reconcile``: which of them to add, and which current items each one supersedes;
+* ``select``: the current items that fit a token budget, most important first when it must shrink, returned
+  in source order so that the block only grows at its end (prompt caches keep its prefix);
+* ``render``: the block the model sees, every item neutralised, byte-stable for the same items.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy import tokens
+from proxy.engine.facts import sentences
+from proxy.engine.injection import is_instruction_override
+from proxy.engine.neutralise import neutralise_cached
+from proxy.engine.slots import classify
+from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
+from proxy.store.records import LEDGER_KINDS, LedgerItem
+
+MAX_INPUT_CHARS = 20_000  # a message's standing instructions are in its prose, not in a pasted megabyte
+SETTERS = {"user": LEDGER_KINDS, "system": LEDGER_KINDS, "developer": LEDGER_KINDS, "assistant": ("decision", "name")}
+# Kinds that can update each other: "you may push to main now" (a rule) lifts "never push to main", and
+# "keep p99 under 200 ms" is a limit whichever of the two a phrasing lands on.
+FAMILY = {"rule": "rule", "constraint": "rule", "preference": "preference", "goal": "goal", "decision": "decision",
+          "name": "decision"}  # fmt: skip
+OPEN_TAG = '<standing_instructions source="lcm-proxy">'
+CLOSE_TAG = "</standing_instructions>"
+INTRO = (
+    "Set earlier in this conversation and still in force (latest version of each; the messages they came from "
+    "were summarised):"
+)
+_FENCE = re.compile(r"```[^`]*(?:`(?!``)[^`]*)*```")
+_ROLE = re.compile(r"[a-z]{1,20}")
+
+
+@dataclass(frozen=True)
+class Statement:
+    kind: str  # one of LEDGER_KINDS
+    slot: str  # normalised topic key: same kind family + same slot => the newer supersedes the older
+    value: str  # the part an update changes, as written ("$800", "five hundred dollars", "metric units")
+    text: str  # the sentence as stated, whitespace collapsed, credentials masked, at most ~300 characters
+
+
+def extract(text: str, role: str) -> list[Statement]:
+    """The standing instructions in one message's ``text``, in order; of two in one message about the same
+    slot, only the later. ``role`` says who may set what (``SETTERS``); a tool's output sets nothing."""
+    kinds = SETTERS.get(role, ())
+    if not kinds or not text:
+        return []
+    prose = _FENCE.sub("\n", redact_secrets(text[:MAX_INPUT_CHARS]))  # code is no instruction to the reader
+    found: dict[tuple[str, str], Statement] = {}
+    for sentence in sentences(prose):
+        if is_instruction_override(sentence):
+            continue
+        classified = classify(sentence)
+        if classified is None or classified[0] not in kinds:
+            continue
+        kind, slot, value = classified
+        if MARKER in value or KNOWN_MARKER in value:
+            continue  # "the API key is [REDACTED]": nothing worth keeping
+        found.pop((FAMILY[kind], slot), None)
+        found[(FAMILY[kind], slot)] = Statement(kind, slot, value, sentence)
+    return list(found.values())
+
+
+def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
+    """Whether ``new`` replaces ``old``: the same thing (kind family and slot), said later."""
+    return FAMILY.get(new.kind) == FAMILY.get(old.kind) and new.slot == old.slot
+
+
+def _repeats(new: Statement, old: Statement | LedgerItem) -> bool:
+    return supersedes(new, old) and _norm(new.value) == _norm(old.value)
+
+
+def _norm(value: str) -> str:
+    return " ".join(value.casefold().split())
+
+
+def reconcile(current: Sequence[LedgerItem], new: Sequence[Statement]) -> list[tuple[Statement, list[str]]]:
+    """For the statements of one new message, in order: each statement to add, with the ids of the current
+    items it supersedes. One that repeats a current item (same kind family, slot and value), or one added
+    just before it, is not added."""
+    live = [item for item in current if item.current]
+    added: list[tuple[Statement, list[str]]] = []
+    for statement in new:
+        if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for s, _ in added):
+            continue
+        added = [(s, ids) for s, ids in added if not supersedes(statement, s)]
+        added.append((statement, [item.id for item in live if supersedes(statement, item)]))
+    return added
+
+
+def _priority(item: LedgerItem) -> tuple[int, int, int, str]:
+    kind = LEDGER_KINDS.index(item.kind) if item.kind in LEDGER_KINDS else len(LEDGER_KINDS)
+    return (0 if item.state == "pinned" else 1, kind, -item.seq, item.id)
+
+
+def _source_order(items: Sequence[LedgerItem]) -> list[LedgerItem]:
+    return sorted(items, key=lambda item: (item.seq, item.id))
+
+
+def select(items: Sequence[LedgerItem], room: int) -> list[LedgerItem]:
+    """The current items whose rendered block fits ``room`` tokens: pinned first, then by kind (rules,
+    constraints, preferences, goals, decisions, names), newer before older within a kind; returned in source
+    order (seq, then id), so that adding an item only appends to the block."""
+    budget = room - tokens.count_text(_block([]))
+    chosen: list[LedgerItem] = []
+    for item in sorted((item for item in items if item.current), key=_priority):
+        cost = tokens.count_text(_line(item))  # its line break merges with the line's last token, mostly
+        if cost <= budget:
+            chosen.append(item)
+            budget -= cost
+    # Counting lines one by one can differ from counting the block by a token: drop the least important.
+    while chosen and tokens.count_text(render(_source_order(chosen))) > room:
+        chosen.remove(max(chosen, key=_priority))
+    return _source_order(chosen)
+
+
+def _line(item: LedgerItem) -> str:
+    role = item.role if _ROLE.fullmatch(item.role) else "unknown"
+    label = item.kind if role == "user" else f"{item.kind}, {role}"
+    return f"- [{label}] {neutralise_cached(' '.join(item.text.split()))} (msg_{item.message_id})"
+
+
+def _block(lines: Sequence[str]) -> str:
+    return "\n".join([OPEN_TAG, INTRO, *lines, CLOSE_TAG])
+
+
+def render(items: Sequence[LedgerItem]) -> str:
+    """The block the model sees, one line per item in the order given ('' when there is none): each item's
+    text neutralised (cached: the block is rendered again on every request), so it can neither close the
+    block nor forge one of the proxy's tags."""
+    return _block([_line(item) for item in items]) if items else ""
