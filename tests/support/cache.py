@@ -24,6 +24,7 @@ Pricing assumptions, in "uncached-token equivalents" (1.0 = one input token at t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -85,7 +86,7 @@ def common_prefix(a: Segments, b: Segments) -> int:
     """How many tokens ``b`` shares with the start of ``a``."""
     shared = 0
     for x, y in zip(a, b, strict=False):
-        if x == y:
+        if x is y or x == y:
             shared += len(x)
             continue
         for s, t in zip(x, y, strict=False):
@@ -118,7 +119,7 @@ class CacheUse:
 
     @classmethod
     def of(cls, requests: Sequence[Segments]) -> CacheUse:
-        shared = [0, *(common_prefix(a, b) for a, b in zip(requests, requests[1:], strict=False))]
+        shared = [0, *(common_prefix(a, b) for a, b in itertools.pairwise(requests))]
         return cls(tuple(size(r) for r in requests), tuple(shared))
 
     @property

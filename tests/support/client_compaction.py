@@ -70,9 +70,7 @@ def _newest_turn(head: list[dict[str, Any]], messages: list[dict[str, Any]], too
     return starts[-1] if starts else len(messages)
 
 
-def claude_code_requests(
-    transcript: list[dict[str, Any]], ends: list[int], tools: Any, limit: int
-) -> Iterator[Sent]:
+def claude_code_requests(transcript: list[dict[str, Any]], ends: list[int], tools: Any, limit: int) -> Iterator[Sent]:
     """What a Claude Code-like client sends for the client requests that carried ``transcript[:end]`` for
     each of ``ends`` (``transcript[0]`` is the system message): each chat request, and a summarisation
     request whenever the context it is about to send reaches ``limit`` tokens."""
