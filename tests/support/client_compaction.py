@@ -20,7 +20,7 @@ from typing import Any
 from tests.support.cache import Segments, serialise, size
 
 THRESHOLD_SHARE = (200_000 - 20_000 - 13_000) / (200_000 - 20_000)
-SUMMARY_POINTS = 200  # a summary of about 600 tokens, ~8% of an 8,000-token window
+SUMMARY_POINTS = 100  # a summary of about 600 tokens, ~8% of an 8,000-token window
 INSTRUCTION = (
     "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools. Your task is to create a detailed summary of the"
     " conversation so far, paying close attention to the user's explicit requests and your previous actions."
