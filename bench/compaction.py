@@ -186,8 +186,9 @@ def main(quick: bool = False) -> None:
         turns = 60 if quick else 300
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
             result = simulation(proxy, fake, turns)
-        with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/c", SIM_LCM))) as proxy:
-            cache_tables = prompt_cache.measure(proxy, fake, quick)
+        cache_tables = prompt_cache.measure(
+            lambda name: serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/{name}", SIM_LCM))), fake, quick
+        )
     print(
         f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n"
     )

@@ -12,6 +12,7 @@ whose tool outputs are 1,000 to 6,000 tokens (``tests/support/agent_session.py``
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,21 +126,25 @@ def print_table(session: Session) -> None:
         f"\n¹ Billed as if a large-window model accepted every request; in the {sim.WINDOW}-token window"
         f" (with {sim.MAX_TOKENS} tokens reserved for output) it {fits}."
         "\n² Summarisation requests are counted in the summariser columns and billed in the stream of client"
-        " requests (their prefix is the previous request's); the chat columns count chat requests only."
+        " requests (their prefix is the previous request's), also when larger than the window (Claude Code would get"
+        " a 'prompt is too long' error); the chat columns count chat requests only."
     )
 
 
-def measure(proxy: str, fake: FakeUpstream, quick: bool) -> list[Session]:
-    """Both sessions through ``proxy`` (served with ``sim.SIM_LCM`` in front of ``fake``)."""
+def measure(serve: Callable[[str], AbstractContextManager[str]], fake: FakeUpstream, quick: bool) -> list[Session]:
+    """Both sessions, each through its own proxy ``serve(name)`` (served with ``sim.SIM_LCM`` in front of
+    ``fake``), so no background compaction of one session is counted in the other."""
     fake.responder = sim.ScriptedModel()
     chat = Session("the simulated session of tests/support/sim.py", 40 if quick else 150, sim.TOOLS)
-    run(proxy, fake, chat, sim.user_turn, lambda call, turn, _: sim.tool_result(call, turn), max_rounds=3)
+    with serve("chat") as proxy:
+        run(proxy, fake, chat, sim.user_turn, lambda call, turn, _: sim.tool_result(call, turn), max_rounds=3)
     fake.responder = agent_session.AgentModel()
     agent = Session("an agent session with tool outputs of 1,000 to 6,000 tokens", 3 if quick else 10,
                     agent_session.AGENT_TOOLS)  # fmt: skip
     output = agent_session.tool_output
-    rounds = agent_session.ROUNDS + 1
-    run(proxy, fake, agent, agent_session.instruction, lambda call, _, n: output(call, n), max_rounds=rounds)
+    with serve("agent") as proxy:
+        run(proxy, fake, agent, agent_session.instruction, lambda call, _, n: output(call, n),
+            max_rounds=agent_session.ROUNDS + 1)  # fmt: skip
     return [chat, agent]
 
 
