@@ -57,9 +57,8 @@ def _json(value: Any) -> str:
 
 @lru_cache(maxsize=65536)
 def _encode(text: str) -> tuple[int, ...]:
-    encoding = tokens._encoding()
-    if encoding is None:  # no tiktoken: one "token" per 4 characters, still a prefix-preserving sequence
-        return tuple(hash(text[i : i + 4]) for i in range(0, len(text), 4))
+    encoding = tokens._encoding()  # the proxy's o200k, loaded offline from LiteLLM's bundled files
+    assert encoding is not None, "tiktoken's o200k encoding is needed to measure token prefixes"
     return tuple(encoding.encode(text, disallowed_special=()))
 
 
