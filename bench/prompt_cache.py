@@ -23,6 +23,8 @@ from tests.support.cache import PRICING_ASSUMPTIONS, CacheUse, serialise, size
 from tests.support.client_compaction import claude_code_requests, threshold
 from tests.support.fakes import FakeUpstream
 
+DESCRIBE = sim.SUMMARY_MARKERS[2]  # the summariser prompt that describes a stored document
+
 
 @dataclass
 class Session:
@@ -83,8 +85,9 @@ class Row:
     openai: float
 
 
-def rows(session: Session) -> tuple[list[Row], str]:
-    """The proxy's row and the two baselines' rows, and where sending everything stops fitting the window."""
+def rows(session: Session) -> tuple[list[Row], list[str]]:
+    """The proxy's row and the two baselines' rows; the footnotes: where sending everything stops fitting the
+    window, and how much of the proxy's summariser input describes stored documents."""
     proxied = CacheUse.of([serialise(b) for b in session.forwarded])
     summariser = sum(size(serialise(b)) for b in session.summaries)
     bodies = [{"messages": session.transcript[:end], "tools": session.tools} for end in session.ends]
@@ -96,18 +99,28 @@ def rows(session: Session) -> tuple[list[Row], str]:
     stream = CacheUse.of([s.segments for s in sent])
     compactions = [s for s in sent if s.summary]
     table = [
-        Row("lcm-proxy", proxied, len(session.summaries), summariser, proxied.anthropic() + summariser,
+        Row("lcm-proxy³", proxied, len(session.summaries), summariser, proxied.anthropic() + summariser,
             proxied.openai() + summariser),
         Row("client sends everything (baseline)¹", everything, 0, 0, everything.anthropic(), everything.openai()),
         Row(f"client compacts like Claude Code at {limit} tokens (baseline)²", client, len(compactions),
             sum(size(s.segments) for s in compactions), stream.anthropic(), stream.openai()),
     ]  # fmt: skip
+    described = [b for b in session.summaries if str(b["messages"][0]["content"]).startswith(DESCRIBE)]
     fits = "always fits" if overflow is None else f"no longer fits from request {overflow + 1} of {len(bodies)} on"
-    return table, fits
+    footnotes = [
+        f"¹ Billed as if a large-window model accepted every request; in the {sim.WINDOW}-token window (with"
+        f" {sim.MAX_TOKENS} tokens reserved for output) it {fits}.",
+        "² Summarisation requests are counted in the summariser columns and billed in the stream of client requests"
+        " (their prefix is the previous request's), also when larger than the window (Claude Code would get a"
+        " 'prompt is too long' error); the chat columns count chat requests only.",
+        f"³ Of the proxy's summariser calls, {len(described)} describe a stored tool output or file"
+        f" ({sum(size(serialise(b)) for b in described) / session.turns:.0f} input tokens per turn).",
+    ]
+    return table, footnotes
 
 
 def print_table(session: Session) -> None:
-    table, fits = rows(session)
+    table, footnotes = rows(session)
     print(f"\n## compaction: prompt cache, {session.name} ({session.turns} turns, {sim.WINDOW}-token window)\n")
     print(
         "| way | requests | requests extending the previous | forwarded tokens repeating the previous prefix |"
@@ -122,13 +135,7 @@ def print_table(session: Session) -> None:
             f" {row.summary_tokens / session.turns:.0f} | {row.anthropic / session.turns:.0f} |"
             f" {row.openai / session.turns:.0f} |"
         )
-    print(
-        f"\n¹ Billed as if a large-window model accepted every request; in the {sim.WINDOW}-token window"
-        f" (with {sim.MAX_TOKENS} tokens reserved for output) it {fits}."
-        "\n² Summarisation requests are counted in the summariser columns and billed in the stream of client"
-        " requests (their prefix is the previous request's), also when larger than the window (Claude Code would get"
-        " a 'prompt is too long' error); the chat columns count chat requests only."
-    )
+    print("\n" + "\n".join(footnotes))
 
 
 def measure(serve: Callable[[str], AbstractContextManager[str]], fake: FakeUpstream, quick: bool) -> list[Session]:
