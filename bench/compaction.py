@@ -10,6 +10,9 @@
    parallel results, large tool outputs, pasted files) through the real proxy: tokens the client sent vs
    tokens forwarded, summarizer calls per 100 turns, and the share of consecutive requests whose forwarded
    messages extend the previous ones (prefix stability, target >= 90%).
+3. Prompt cache (``bench/prompt_cache.py``): the 150-turn session and an agent session with large tool outputs,
+   the share of forwarded tokens repeating the previous request's prefix and the input billed under Anthropic's
+   and OpenAI's cache pricing, beside the client sending everything and compacting the way Claude Code does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench import prompt_cache
 from bench.ingest import transcript as conversation
 from proxy.app import create_app
 from proxy.config.lcm import LcmSettings
@@ -182,6 +186,9 @@ def main(quick: bool = False) -> None:
         turns = 60 if quick else 300
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
             result = simulation(proxy, fake, turns)
+        cache_tables = prompt_cache.measure(
+            lambda name: serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/{name}", SIM_LCM))), fake, quick
+        )
     print(
         f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n"
     )
@@ -193,3 +200,4 @@ def main(quick: bool = False) -> None:
         f"| {int(result['sent'])} | {int(result['forwarded'])} | {result['sent'] / max(1, result['forwarded']):.1f}x |"
         f" {result['summary_calls_per_100_turns']:.0f} | {result['stability'] * 100:.1f}% |"
     )
+    prompt_cache.print_tables(cache_tables)

@@ -71,3 +71,24 @@ def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
         ("2000", "PostgreSQL"),
     ]
     assert all(int(row[3]) > 0 and float(row[4]) > 0 and float(row[5]) > 0 for row in others)  # ingests measured
+
+
+def test_compaction_benchmark_prints_the_prompt_cache_tables() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "compaction", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    assert "## compaction: simulated session" in out.stdout  # the tables before it stay
+    tables = out.stdout.split("## compaction: prompt cache, ")[1:]
+    assert [table.partition(" (")[0] for table in tables] == [
+        "the simulated session of tests/support/sim.py",
+        "an agent session with tool outputs of 1,000 to 6,000 tokens",
+    ]
+    for table in tables:
+        rows = [
+            line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ") and "---" not in line
+        ]
+        ways = ("lcm-proxy", "client sends everything", "client compacts like Claude Code")
+        assert len(rows) == 4 and all(row[0].strip().startswith(way) for row, way in zip(rows[1:], ways, strict=True))
+        assert all(float(row[7]) > 0 and float(row[8]) > 0 for row in rows[1:]), "billed input measured"
+    assert "Anthropic: a cache breakpoint at the end of every request" in out.stdout
