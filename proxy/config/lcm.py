@@ -51,6 +51,10 @@ class LcmSettings(Strict):
     # outside the forwarded context (for models that do not call the recall tools, i.e. most small ones).
     auto_recall: Literal["auto", "off"] = "auto"
     auto_recall_tokens: int | None = Field(default=None, ge=32)
+    # The ledger of standing instructions (rules, constraints, preferences, goals, decisions, names), forwarded
+    # right after the instructions once compaction has started, within its own share of the budget.
+    standing_instructions: Literal["auto", "off"] = "auto"
+    standing_instructions_tokens: int | None = Field(default=None, ge=32)
     # Background summaries give way to chat requests on the same upstream: auto = servers on this machine
     # (loopback api_base, e.g. llama.cpp with one slot), always, or never.
     background_yields: Literal["auto", "always", "never"] = "auto"
@@ -65,7 +69,7 @@ class LcmSettings(Strict):
     delete_rate_per_minute: float | None = Field(default=30.0, gt=0)
     delete_burst: int = Field(default=10, ge=1)
 
-    @field_validator("retrieval_tools", "auto_recall", "background_yields", mode="before")
+    @field_validator("retrieval_tools", "auto_recall", "standing_instructions", "background_yields", mode="before")
     @classmethod
     def _switch(cls, value: Any, info: Any) -> Any:
         """YAML reads an unquoted ``off``/``no`` as false and ``on``/``yes`` as true. False is the setting's

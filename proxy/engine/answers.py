@@ -24,9 +24,11 @@ import asyncio
 import logging
 
 from proxy.dialects import CHAT, Dialect
+from proxy.engine import standing
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
 from proxy.engine.intercept import Interceptor
+from proxy.engine.standing import said
 from proxy.types import Message
 
 log = logging.getLogger("lcm_proxy.engine")
@@ -60,6 +62,7 @@ async def record_answer(
     batch = ingestor.files.batch(scope)
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
+        stated = await said(dialect, answer) if ingestor.standing else ("", [])
         async with store.write() as tx:
             await tx.lock_conversation(conversation_id)
             conversation = await tx.conversation(scope, conversation_id)
@@ -84,6 +87,7 @@ async def record_answer(
                 await tx.put_file(file)
             await tx.append_messages(conversation_id, length, [record])
             await tx.set_relayed_answer(conversation_id, length, asked_at)
+            await standing.record(tx, conversation_id, length, [stated])
             if paths:
                 await batch.publish(tx, paths)
         return True

@@ -4,7 +4,8 @@
 the model's token margin), minus tool schemas (the instructions are subtracted by the engine, which knows
 where they end). ``sizes`` splits that limit:
 
-- the **recall block** (auto-recall excerpts before the newest user message) keeps a reserve;
+- the **recall block** (auto-recall excerpts at the end of the request) keeps a reserve;
+- the **ledger** of standing instructions (``proxy.engine.standing``) keeps its own share;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
 - above ``soft`` a compaction is scheduled after the response; it summarises the oldest raw messages only
   until the context is back under ``target`` (a fifth of the context below ``soft``), so the forwarded
@@ -88,7 +89,8 @@ class Budget:
 class Sizes:
     limit: int  # tokens for messages (instructions already subtracted)
     recall: int  # reserve for the auto-recall block (0 when off)
-    context: int  # limit - recall: what summaries and raw messages may use
+    ledger: int  # share of the standing-instructions block (0 when off)
+    context: int  # limit - recall - ledger: what summaries and raw messages may use
     soft: int
     target: int
     summary_room: int
@@ -120,7 +122,10 @@ def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None) 
     recall = min(settings.auto_recall_tokens or 2000, limit // 6)
     if settings.auto_recall == "off" or limit < 400:
         recall = 0
-    context = limit - recall
+    ledger = min(settings.standing_instructions_tokens or min(limit // 10, 1500), limit // 4)
+    if settings.standing_instructions == "off" or limit < 400:
+        ledger = 0
+    context = limit - recall - ledger
     soft = int(context * settings.context_threshold)
     target = max(context // 2, soft - context // 5)
     summary_room = context // 4
@@ -136,6 +141,7 @@ def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None) 
     return Sizes(
         limit=limit,
         recall=recall,
+        ledger=ledger,
         context=context,
         soft=soft,
         target=target,

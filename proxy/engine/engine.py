@@ -35,6 +35,7 @@ from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import summaries_text
+from proxy.engine.standing import Standing
 from proxy.engine.summarize import Guard, Summarizer
 from proxy.engine.sweeps import Sweeps
 from proxy.store.base import Blobs, Store, reads_for
@@ -92,7 +93,8 @@ class ContextEngine:
         self.settings = settings
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
         default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
-        self.ingestor = Ingestor(store, files, Thresholds(default.large_file, default.tool_result), self.guard)
+        thresholds = Thresholds(default.large_file, default.tool_result)
+        self.ingestor = Ingestor(store, files, thresholds, self.guard, settings.standing_instructions != "off")
         self.compactor = Compactor(store, settings, self.guard)
         self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
@@ -189,10 +191,12 @@ class ContextEngine:
         """``instructions + summaries + raw messages`` within the request's limit, with what auto-recall adds."""
         ingested, dialect, sizes, limit = request.ingested, request.dialect, request.sizes, request.limit
         count = request.count
+        standing = await self._standing(conversation_id)
+        summaries = standing.masked_summaries(view.summaries)  # a superseded value does not come back
         try:
-            assembly = fit(dialect, view.summaries, view.upto, view.roles, view.costs, sizes.context)
-        except TooLarge:  # the recall reserve gives way
-            assembly = fit(dialect, view.summaries, view.upto, view.roles, view.costs, limit)
+            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
+        except TooLarge:  # the recall and ledger reserves give way
+            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, limit)
         if assembly.evicted or assembly.first_raw > view.upto:
             compaction = "deferred" if compaction == "deferred" else "evicted"
             log.info(
@@ -210,13 +214,18 @@ class ContextEngine:
                 message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
             raw.append(message)
         used = assembly.tokens
+        # The ledger: right after the instructions, before the summaries, within its share (and the room left).
+        room = min(sizes.ledger, limit - used - 8)
+        block, items = standing.block(assembly.first_raw, room) if room > 0 else ("", ())
+        if block:
+            used += tokens.count_text(block) + 2
         recalled: tuple[int, ...] = ()
         if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
             raw, recall_tokens, recalled = await self._auto_recall(
-                conversation_id, assembly.first_raw, raw, limit - used, sizes, dialect
+                conversation_id, assembly.first_raw, raw, limit - used, sizes, dialect, standing
             )
             used += recall_tokens
-        summaries = summaries_text(assembly.summaries) if assembly.summaries else None
+        prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
         sent = Sent(
             tuple(s.id for s in assembly.summaries),
             tuple(assembly.evicted),
@@ -224,11 +233,12 @@ class ContextEngine:
             assembly.first_raw - view.upto,
             recalled,
             used,
+            items,
         )
         await self._record(conversation_id, sent, view.upto)
         return Prepared(
             conversation_id,
-            join(dialect, request.instructions, summaries, raw),
+            join(dialect, request.instructions, prefix, raw),
             ingested.tokens_sent,
             request.instruction_tokens + used + 3,
             compaction,
@@ -241,6 +251,12 @@ class ContextEngine:
             ingested.tip_chain,
             dialect,
         )
+
+    async def _standing(self, conversation_id: str) -> Standing:
+        """The conversation's ledger (none when it is off)."""
+        if self.settings.standing_instructions == "off":
+            return Standing.of([])
+        return await Standing.read(self.store.read, conversation_id)
 
     async def _view(self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect) -> View:
         summaries, upto = await self.compactor.view(conversation, count)
@@ -260,6 +276,7 @@ class ContextEngine:
                 "upto": upto,
                 "first_raw": sent.first_raw,
                 "dropped": sent.dropped,
+                "ledger": sent.ledger,
             }
         ).decode()
         if self._last_sent.get(conversation_id) == composition:
@@ -328,7 +345,14 @@ class ContextEngine:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
 
     async def _auto_recall(
-        self, conversation_id: str, first_raw: int, raw: list[Message], free: int, sizes: Sizes, dialect: Dialect
+        self,
+        conversation_id: str,
+        first_raw: int,
+        raw: list[Message],
+        free: int,
+        sizes: Sizes,
+        dialect: Dialect,
+        standing: Standing,
     ) -> tuple[list[Message], int, tuple[int, ...]]:
         """Original excerpts matching the newest user message, from the messages not forwarded raw, placed at
         the end of the request: before the user's own text when that message is the last one (the question
@@ -346,6 +370,7 @@ class ContextEngine:
         block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)
         if block is None:
             return raw, 0, ()
+        block = standing.mask(block)  # what a later statement replaced is not recalled as if still in force
         ids = tuple(int(i) for i in RECALLED_ID.findall(block))
         out = list(raw)
         last = len(raw) - 1

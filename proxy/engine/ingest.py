@@ -37,7 +37,9 @@ from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
+from proxy.engine.ledger import Statement
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
+from proxy.engine.standing import Said, record, said
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
@@ -93,11 +95,14 @@ Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messag
 
 
 class Ingestor:
-    def __init__(self, store: Store, files: Blobs, thresholds: Thresholds, guard: Guard | None = None) -> None:
+    def __init__(
+        self, store: Store, files: Blobs, thresholds: Thresholds, guard: Guard | None = None, standing: bool = True
+    ) -> None:
         self.store = store
         self.files = files
         self.thresholds = thresholds
         self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
+        self.standing = standing  # keep the ledger of standing instructions (``proxy.engine.standing``)
 
     async def ingest(
         self,
@@ -131,6 +136,7 @@ class Ingestor:
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
         # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
         batch = self.files.batch(scope)
+        statements: dict[int, tuple[str, list[Statement]]] = {}  # standing instructions, by transcript index
         try:
             first_guess = await locate(self.store.read, scope, incoming.chains, conversation_key)
             prepared: Prepared = {}
@@ -138,7 +144,9 @@ class Ingestor:
             async def prepare(i: int) -> tuple[Interception, NewMessage]:
                 if i not in prepared:
                     chain = incoming.chains[i]
-                    prepared[i] = await self.prepare_message(interceptor, transcript[i], chain, tool_names, batch)
+                    message = transcript[i]
+                    statements[i] = await said(dialect, message) if self.standing else ("", [])
+                    prepared[i] = await self.prepare_message(interceptor, message, chain, tool_names, batch)
                 return prepared[i]
 
             for i in range(first_guess.common, len(transcript)):
@@ -151,7 +159,7 @@ class Ingestor:
             else:
                 guess = first_guess.conversation
                 commit = functools.partial(
-                    self._commit, incoming, prepared, explorations, batch, guess.id if guess is not None else None
+                    self._commit, incoming, prepared, statements, explorations, batch, guess.id if guess else None
                 )
                 outcome = await self._write(commit, prepare)
         finally:
@@ -212,6 +220,7 @@ class Ingestor:
         self,
         incoming: Incoming,
         prepared: Prepared,
+        statements: dict[int, tuple[str, list[Statement]]],
         explorations: dict[str, str],
         batch: BlobBatch,
         expected: str | None = None,
@@ -239,6 +248,8 @@ class Ingestor:
             new = [prepared[i] for i in range(start, len(incoming.transcript))]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
+                stated: Said = [statements.get(i, ("", [])) for i in range(start, len(incoming.transcript))]
+                await record(tx, conversation_id, start, stated)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from

@@ -27,6 +27,7 @@ class Sent:
     dropped: int = 0  # raw messages before first_raw that were neither summarised nor forwarded
     recalled: tuple[int, ...] = ()  # message ids quoted by auto-recall
     tokens: int = 0
+    ledger: tuple[str, ...] = ()  # ids of the standing instructions forwarded
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""The ledger of standing instructions at work: kept current at ingest, forwarded once compaction started.
+
+``proxy.engine.ledger`` finds the statements and decides what they replace; this module is where the engine
+meets the store and the assembled request:
+
+* **at ingest** (``said`` outside the write lock, ``record`` inside the transaction that appends the
+  messages): each new message's statements become items, and the items they update are marked superseded
+  by the seq of that message (a fork made before it keeps them current);
+* **at assembly** (``Standing``): the current items whose message is no longer forwarded raw, within the
+  ledger's share of the budget, as one block right after the instructions. The block changes only when what
+  is forwarded raw changes (a compaction, an eviction) or when a new statement supersedes one of its items:
+  between those moments it is byte-identical (prompt caches).
+* A superseded item's words must not come back through older material: in the summaries and the recall
+  excerpts that are forwarded, its sentence and a distinctive value ("$800", "metric units") are replaced by
+  a marker (``mask``). A deterministic function of stored data, so it too changes only at those moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from proxy.dialects import Dialect
+from proxy.engine import ledger
+from proxy.engine.ledger import Statement
+from proxy.engine.render import strip_reasoning
+from proxy.store.base import Reads, Writes
+from proxy.store.records import LedgerItem, SummaryRecord
+from proxy.types import Message
+
+OFF_LOOP_CHARS = 4000  # a message's text beyond which extraction runs in a worker thread
+MARKER = "[superseded]"
+MAX_MASKED = 200  # newest superseded items masked in older material (each adds one pattern)
+POLARITIES = frozenset({"never", "always", "allowed", "not required"})  # a rule's value: too common to mask
+
+Said = list[tuple[str, list[Statement]]]  # per new message: (role, its statements)
+
+
+def new_item_id() -> str:
+    return "led_" + secrets.token_hex(8)
+
+
+async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]]:
+    """(role, statements) of one incoming message; extraction in a worker thread when its text is long."""
+    role = dialect.role(message)
+    if role not in ledger.SETTERS:
+        return role, []
+    text = strip_reasoning(dialect.text(message))
+    if len(text) > OFF_LOOP_CHARS:
+        return role, await asyncio.to_thread(ledger.extract, text, role)
+    return role, ledger.extract(text, role)
+
+
+async def record(tx: Writes, conversation_id: str, start: int, new: Said) -> int:
+    """Store the statements of the messages just appended at seqs ``start``…: new items, and the current
+    items each one supersedes (a pinned item's pin passes to its update). Returns the items added."""
+    if not any(statements for _, statements in new):
+        return 0
+    current = await tx.ledger(conversation_id)
+    added = 0
+    now = time.time()
+    for offset, (role, statements) in enumerate(new):
+        if not statements:
+            continue
+        seq = start + offset
+        rows = await tx.messages(conversation_id, seq, seq + 1)
+        message_id = rows[0].id if rows else 0
+        for statement, superseded in ledger.reconcile(current, statements):
+            pinned = any(item.id in superseded and item.state == "pinned" for item in current)
+            item = LedgerItem(
+                id=new_item_id(), conversation_id=conversation_id, kind=statement.kind, slot=statement.slot,
+                value=statement.value, text=statement.text, seq=seq, message_id=message_id, role=role,
+                created_at=now, state="pinned" if pinned else "active",
+            )  # fmt: skip
+            await tx.add_ledger_items([item])
+            if superseded:
+                await tx.supersede_ledger_items(superseded, item.id, seq)
+            current = [
+                replace(c, superseded_seq=seq, superseded_by=item.id) if c.id in superseded else c for c in current
+            ]
+            current.append(item)
+            added += 1
+    return added
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A conversation's ledger as one request sees it: its items, and the pattern of what went stale."""
+
+    items: list[LedgerItem]
+    stale: re.Pattern[str] | None
+
+    @classmethod
+    async def read(cls, q: Reads, conversation_id: str) -> Standing:
+        return cls.of(await q.ledger(conversation_id, include_superseded=True))
+
+    @classmethod
+    def of(cls, items: list[LedgerItem]) -> Standing:
+        return cls(items, stale_pattern(items))
+
+    def block(self, first_raw: int, room: int) -> tuple[str, tuple[str, ...]]:
+        """(the block, the ids of its items): the current items set in messages before ``first_raw`` (those
+        after it are forwarded raw, in the user's own words) that fit ``room`` tokens."""
+        hidden = [item for item in self.items if item.current and item.seq < first_raw]
+        chosen = ledger.select(hidden, room)
+        return ledger.render(chosen), tuple(item.id for item in chosen)
+
+    def mask(self, text: str) -> str:
+        """``text`` with superseded items' sentences and distinctive values replaced by ``MARKER``."""
+        return self.stale.sub(MARKER, text) if self.stale is not None and text else text
+
+    def masked_summaries(self, summaries: Sequence[SummaryRecord]) -> list[SummaryRecord]:
+        out = []
+        for summary in summaries:
+            content = self.mask(summary.content)
+            out.append(summary if content == summary.content else replace(summary, content=content))
+        return out
+
+
+def stale_pattern(items: Sequence[LedgerItem]) -> re.Pattern[str] | None:
+    """What of the superseded items must not come back: each one's sentence, and its value where that is
+    distinctive and no current item holds it. Linear: one alternation of escaped literals."""
+    current_values = {_fold(item.value) for item in items if item.current}
+    phrases: set[str] = set()
+    stale = [item for item in items if item.superseded_seq is not None]
+    for item in stale[-MAX_MASKED:]:
+        phrases.add(" ".join(item.text.split()))
+        value = " ".join(item.value.split())
+        if _distinctive(value) and _fold(value) not in current_values:
+            phrases.add(value)
+    if not phrases:
+        return None
+    alternatives = "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
+    return re.compile(rf"(?<![\w$€£]){alternatives}(?!\w)", re.I)
+
+
+def _fold(value: str) -> str:
+    return " ".join(value.casefold().split())
+
+
+def _distinctive(value: str) -> bool:
+    """Whether a value can be masked wherever it occurs: it names a figure, a date, an identifier or several
+    words ("$800", "Python 3.11", "metric units"), not a word common in any text ("main", "never")."""
+    if _fold(value) in POLARITIES or len(value) < 3:
+        return False
+    return any(ch.isdigit() for ch in value) or " " in value or len(value) >= 6
