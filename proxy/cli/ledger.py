@@ -63,7 +63,7 @@ def add_ledger_command(sub: Any, add_store: Callable[[argparse.ArgumentParser], 
     """``ledger`` on the CLI's subcommands; ``add_store`` adds the options that find the store."""
     ledger = sub.add_parser(
         "ledger",
-        help="list a conversation's standing instructions, or pin, drop or restore one",
+        help="show a conversation's standing instructions; pin or drop one",
         description="List the standing instructions kept in front of the model for a conversation, each with the"
         " message it came from; or change one: a pinned item is kept first when the ledger must shrink, a"
         " dropped one is never forwarded again, a restored one is active again.",
