@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from proxy.engine.doctor import check_database
 from proxy.store.location import Location
 from proxy.store.records import LedgerItem, NewMessage
-from tests.support.engine import located, row_count, run
+from tests.support.engine import execute, located, row_count, run
 
 
 def message(i: int) -> NewMessage:
@@ -176,6 +177,31 @@ def test_a_replaced_relayed_answer_takes_its_items_with_it(where: Location) -> N
             rule, superseded(old_budget, budget), budget, units
         ]  # fmt: skip
         assert await store.integrity() == []
+        await store.close()
+
+    run(scenario())
+
+
+def test_doctor_checks_each_item_names_its_own_message_and_successor(where: Location) -> None:
+    async def scenario() -> None:
+        store, files = located(where).stores()
+        await store.open()
+        parent = await planted(store, "conv_p", 0)
+        await conversation(store, "conv_f", 0, parent_id="conv_p", fork_seq=6)
+        async with store.write() as tx:
+            await tx.copy_prefix("conv_p", "conv_f", 6)
+        assert await check_database(store, files) == []  # the fork's copies point at the fork's own rows
+
+        copies = {i.text: i for i in await store.read.ledger("conv_f", include_superseded=True)}
+        stale, moved = copies[parent[1].text], copies[parent[0].text]
+        await execute(store, "UPDATE ledger_items SET superseded_by = ? WHERE id = ?", (parent[2].id, stale.id))
+        await execute(store, "UPDATE ledger_items SET message_id = ? WHERE id = ?", (parent[0].message_id, moved.id))
+        assert await check_database(store, files) == sorted(
+            [
+                f"conv_f: ledger item {moved.id} does not name its message 1",
+                f"conv_f: ledger item {stale.id} is superseded by {parent[2].id}, not one of its items",
+            ]
+        )
         await store.close()
 
     run(scenario())
