@@ -176,13 +176,15 @@ admin_requests = st.tuples(
             ("GET", "/lcm/conversations/{id}/context"),
             ("GET", "/lcm/conversations/{id}/grep"),
             ("POST", "/lcm/conversations/{id}/compact"),
+            ("GET", "/lcm/conversations/{id}/ledger"),
+            ("POST", "/lcm/conversations/{id}/ledger/{id}"),
             ("GET", "/lcm/summaries/{id}"),
             ("GET", "/lcm/files/{id}"),
         ]
     ),
     odd_text,
     st.dictionaries(
-        st.sampled_from(["limit", "pattern", "mode", "start_line", "end_line", "model"]), odd_text, max_size=4
+        st.sampled_from(["limit", "pattern", "mode", "start_line", "end_line", "model", "all"]), odd_text, max_size=4
     ),
 )
 HEADER_CHARS = frozenset(map(chr, [*range(0x20, 0x7F), *range(0xA0, 0x100)]))

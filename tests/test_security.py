@@ -34,6 +34,7 @@ from proxy.cli.doctor import run_doctor
 from proxy.relay.toolloop import MAX_CALLS_PER_ROUND
 from proxy.store.files import FileStore
 from proxy.store.location import Location
+from proxy.store.records import LedgerItem
 from tests.support.fakes import FakeUpstream, Reply
 from tests.support.proxies import UPSTREAM_KEY, RunningProxy, make_config
 from tests.support.servers import serve_in_thread
@@ -49,6 +50,7 @@ ALICE_CONVERSATION_KEY = "project-heron"  # Alice names her conversation with X-
 
 SECRET = "alice_secret_7f3a91"  # in Alice's messages and (through the summarizer) in her summary
 FILE_SECRET = "alice_file_secret_c4e2"  # in Alice's stored file (and its exploration summary)
+LEDGER_ITEM = "led_a11ce0000000beef"  # Alice's standing instruction, which holds SECRET
 OUTSIDE_SECRET = "OUTSIDE-THE-DATA-DIR-0d9e8f"  # planted next to the data dir; must never be served
 
 LCM = {
@@ -135,6 +137,20 @@ def seed_alice(url: str, fake: FakeUpstream, model: ToolModel) -> Seeded:
     return Seeded(conversation, summary, message, file_id, history)
 
 
+async def plant_ledger(location: Location, alice: Seeded) -> None:
+    """A standing instruction of Alice's that holds SECRET, stored as ingest stores one."""
+    store, _ = location.stores()
+    await store.open()
+    try:
+        source = (await store.read.messages_by_id([int(alice.message.removeprefix("msg_"))]))[0]
+        item = LedgerItem(LEDGER_ITEM, alice.conversation, "rule", "vault code", SECRET, f"{SECRET} is the vault code.",
+                          source.seq, source.id, "user", 1.0)  # fmt: skip
+        async with store.write() as tx:
+            await tx.add_ledger_items([item])
+    finally:
+        await store.close()
+
+
 @dataclass
 class World:
     proxy: RunningProxy
@@ -166,6 +182,7 @@ def world(
         model = ToolModel()
         fake.script.clear()
         alice = seed_alice(url, fake, model)
+        asyncio.run(plant_ledger(location, alice))
         fake.responder = None
         yield World(RunningProxy(url, config, app), alice, model, base / "data", secret)
     assert asyncio.run(run_doctor(location)) == []
@@ -269,6 +286,8 @@ def admin_probes(alice: Seeded) -> dict[tuple[str, str], tuple[str, str]]:
         ("GET", "/lcm/conversations/{id}/context"): (f"/lcm/conversations/{c}/context", alice.summary),
         ("GET", "/lcm/conversations/{id}/grep"): (f"/lcm/conversations/{c}/grep?pattern=secret_%5Cw%2B", SECRET),
         ("POST", "/lcm/conversations/{id}/compact"): (f"/lcm/conversations/{c}/compact", c),
+        ("GET", "/lcm/conversations/{id}/ledger"): (f"/lcm/conversations/{c}/ledger?all=true", SECRET),
+        ("POST", "/lcm/conversations/{id}/ledger/{item}"): (f"/lcm/conversations/{c}/ledger/{LEDGER_ITEM}", SECRET),
         ("GET", "/lcm/summaries/{id}"): (f"/lcm/summaries/{alice.summary}", SECRET),
         ("GET", "/lcm/files/{id}"): (f"/lcm/files/{alice.file}", FILE_SECRET),
         ("DELETE", "/lcm/conversations/{id}"): (f"/lcm/conversations/{c}", alice.summary),
@@ -276,6 +295,7 @@ def admin_probes(alice: Seeded) -> dict[tuple[str, str], tuple[str, str]]:
     }
 
 
+PROBE_BODIES = {("POST", "/lcm/conversations/{id}/ledger/{item}"): {"state": "active"}}  # as Alice set it
 CONFIGURATION_VIEWS = {("GET", "/lcm/models")}  # the proxy's models and their windows: no tenant's data
 
 
@@ -293,7 +313,8 @@ def test_every_admin_route_hides_other_tenants_data(world: World, fake_upstream:
     assert served == set(probes), f"admin routes without an isolation probe: {served - set(probes)}"
     with httpx.Client(base_url=world.proxy.url, timeout=30) as client:
         for (method, template), (path, alice_sees) in sorted(probes.items()):
-            bob = client.request(method, path, headers=BOB)
+            body = PROBE_BODIES.get((method, template))
+            bob = client.request(method, path, headers=BOB, json=body)
             if template == "/lcm/conversations":
                 assert bob.status_code == 200, bob.text  # Bob's own (possibly empty) list
                 assert world.alice.conversation not in [c["id"] for c in bob.json()["data"]]
@@ -313,7 +334,7 @@ def test_every_admin_route_hides_other_tenants_data(world: World, fake_upstream:
                 assert alice_sees in client.get(path, headers=ALICE).text
                 continue
             # The same request with Alice's key does reach her data: the probe above was not vacuous.
-            alice = client.request(method, path, headers=ALICE)
+            alice = client.request(method, path, headers=ALICE, json=body)
             assert alice.status_code == 200 and alice_sees in alice.text, (template, alice.text)
 
 

@@ -1,5 +1,5 @@
 """Operator commands over the database: ``conversations``, ``show``, ``export``, ``grep``, ``describe``,
-``compact``, ``delete`` and ``purge``.
+``compact``, ``ledger`` (``proxy.cli.ledger``), ``delete`` and ``purge``.
 
 They read the same SQLite file as the server (WAL allows that while it runs), and need nothing but its
 directory: only ``compact`` calls a model, so only it needs the config's model list and credentials. The
@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from proxy.cli.common import at_least_one, operator_setup
+from proxy.cli.ledger import ledger_text, show_section
 from proxy.config.lcm import LcmSettings
 from proxy.config.settings import ProxyConfig
 from proxy.engine.admin import AdminViews
@@ -111,6 +112,7 @@ class Operator:
         dag = await self._dag_lines(c.id)
         if dag:
             lines += ["", "summary DAG (active context, oldest first):", *dag]
+        lines += await show_section(self.views, c.id)
         lines.append("")
         rows = []
         for start in range(0, c.message_count, LONG_RANGE):  # a page at a time
@@ -252,6 +254,8 @@ def run_operator(data_dir: Path | Location, command: str, config: ProxyConfig | 
                 if config is None:
                     raise InvalidArgument("compact calls the summary model: it needs --config", param="config")
                 print(await op.compact(conversation, tenant, kwargs.get("model"), config))
+            elif command == "ledger":
+                print(await ledger_text(op.views, conversation, tenant, kwargs["every"], kwargs["change"]))
             elif command == "export":
                 data = await op.export(conversation, tenant)
                 _write_all(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
@@ -296,6 +300,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         older_than=getattr(args, "older_than", None),
         dry_run=getattr(args, "dry_run", False),
         full=getattr(args, "vacuum_full", False),
+        every=getattr(args, "every", False),
+        change=getattr(args, "change", None),
     )
 
 

@@ -24,7 +24,7 @@ from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
 from proxy.store.base import reads_for
-from proxy.store.records import ConversationRecord, MessageRecord
+from proxy.store.records import LEDGER_STATES, ConversationRecord, LedgerItem, MessageRecord
 from proxy.types import Messages
 
 MESSAGES_PAGE = 1000  # messages per page of ``GET /lcm/conversations/{id}/messages`` unless ``limit`` says
@@ -55,6 +55,14 @@ def _messages_json(rows: Sequence[MessageRecord]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def ledger_json(item: LedgerItem) -> dict[str, Any]:
+    """One standing instruction as the API shows it: its message named as ``lcm_describe`` takes it."""
+    data = asdict(item)
+    data.pop("conversation_id")
+    data["message_id"] = f"msg_{item.message_id}"
+    return data
 
 
 def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
@@ -151,6 +159,30 @@ class AdminViews:
             "evicted": [i.get("id", i.get("seq")) for i in items if not i["sent"]],
             "items": items,
         }
+
+    async def ledger(self, scope: str | None, conversation_id: str, include_superseded: bool = False) -> dict[str, Any]:
+        """The conversation's standing instructions (``proxy.engine.ledger``) with the message each came from, by
+        seq: those in force and those the user dropped; ``include_superseded``: also those a later statement
+        replaced."""
+        c = await self.find(scope, conversation_id)
+        items = await self.store.read.ledger(c.id, include_superseded)
+        return {"object": "list", "data": [ledger_json(i) for i in items]}
+
+    async def set_ledger_state(
+        self, scope: str | None, conversation_id: str, item_id: str, state: str
+    ) -> dict[str, Any]:
+        """The user pins an item (kept first when the ledger must shrink), drops it (never forwarded again) or
+        makes it active again; the item as it is now."""
+        if state not in LEDGER_STATES:
+            raise InvalidArgument(f"'state' must be one of {', '.join(LEDGER_STATES)}", param="state")
+        c = await self.find(scope, conversation_id)
+        async with self.store.write() as tx:
+            await tx.lock_conversation(c.id)
+            # Read again under the lock: deleted meanwhile, it has no items to change.
+            item = await tx.set_ledger_state(c.id, item_id, state) if await tx.conversation(scope, c.id) else None
+        if item is None:
+            raise NotFound(f"no ledger item {item_id} in conversation {c.id}")
+        return ledger_json(item)
 
     async def summary(self, scope: str, summary_id: str) -> dict[str, Any]:
         summary = await self.store.read.summary(summary_id)

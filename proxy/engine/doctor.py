@@ -10,7 +10,9 @@ segments object whose file references all have their file. Files left behind by 
 mid-request (partial pending files, stored files that no row names) are reported by count and size, and
 ``--repair`` deletes them (``run_repair``; the rule that keeps that safe beside a running server is in
 ``proxy.store.files``). A deleted conversation kept for its forks (``proxy.engine.deletion``) must have a
-live fork still, and no context of its own.
+live fork still, and no context of its own. Each standing instruction (``ledger_items``) names the message of
+its own conversation at its seq, and what superseded it is an item of the same conversation (a fork's copies
+point at the fork's own).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from proxy.engine.deletion import shared_prefix
 from proxy.engine.intercept import SEGMENTS_KEY
 from proxy.store.base import Blobs, Store
 from proxy.store.files import PENDING_MAX_AGE, DiskFile, FileStore
-from proxy.store.records import ConversationRecord
+from proxy.store.records import LEDGER_STATES, ConversationRecord
 
 log = logging.getLogger("lcm_proxy.files")
 
@@ -111,6 +113,7 @@ async def check_database(store: Store, files: Blobs, *, verify_hashes: bool = Tr
                 f"{cid}: summaries cover messages up to {expected_start} but the context says {conversation.summarized_upto}:"
                 " some messages are unreachable"
             )
+        problems += await _check_ledger(store, cid)
         for message_id, seq, original, paths in await search.payload_messages(cid):
             where = f"{cid}: message {seq} (msg_{message_id})"
             refs, path_problems = _payload_refs(orjson.loads(original), orjson.loads(paths))
@@ -204,6 +207,26 @@ async def collect_leftovers(store: Store, files: FileStore, min_age: float) -> l
     for line in lines:
         log.info("leftover payload files: %s", line)
     return lines
+
+
+async def _check_ledger(store: Store, cid: str) -> list[str]:
+    items = await store.search.ledger(cid, include_superseded=True)
+    if not items:
+        return []
+    ids = {item.id for item in items}
+    messages = {m.id: m for m in await store.search.messages_by_id([item.message_id for item in items])}
+    problems: list[str] = []
+    for item in items:
+        source = messages.get(item.message_id)
+        if source is None or (source.conversation_id, source.seq) != (cid, item.seq):
+            problems.append(f"{cid}: ledger item {item.id} does not name its message {item.seq}")
+        if (item.superseded_seq is None) != (item.superseded_by is None) or (
+            item.superseded_by is not None and item.superseded_by not in ids
+        ):
+            problems.append(f"{cid}: ledger item {item.id} is superseded by {item.superseded_by}, not one of its items")
+        if item.state not in LEDGER_STATES:
+            problems.append(f"{cid}: ledger item {item.id} has the unknown state {item.state!r}")
+    return problems
 
 
 async def _check_summary(store: Store, cid: str, summary_id: str, seen: set[str]) -> list[str]:

@@ -27,7 +27,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, NewMessage, Removed, SummaryRecord
+from proxy.store.records import (
+    ConversationRecord,
+    FileRecord,
+    LedgerItem,
+    MessageRecord,
+    NewMessage,
+    Removed,
+    SummaryRecord,
+)
 
 # (conversation id, n): messages [0, n) of that conversation. A recall scope is a tuple of these (the current
 # conversation first, then its ancestors up to where each fork left them).
@@ -120,6 +128,11 @@ class Reads(Protocol):
     async def replaceable_answer(self, conversation_id: str) -> int | None:
         """The seq of the answer the proxy relayed and stored, while it may still be replaced: it is the last
         message, and no summary and no fork reaches it."""
+        ...
+
+    async def ledger(self, conversation_id: str, include_superseded: bool = False) -> list[LedgerItem]:
+        """The conversation's standing instructions, by seq (then id); without ``include_superseded`` only
+        those no later statement replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
         ...
 
 
@@ -216,13 +229,17 @@ class Writes(Reads, Protocol):
     ) -> None: ...
     async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None: ...
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:
-        """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
+        """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``, and the ledger
+        items they stated, under new ids: a supersession by a statement at or after ``count`` is undone there."""
         ...
 
     async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None: ...
     async def set_relayed_answer(self, conversation_id: str, seq: int, asked_at: float) -> None: ...
     async def relayed_answer_asked_at(self, conversation_id: str) -> float | None: ...
-    async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None: ...
+    async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None:
+        """Remove the relayed answer at ``seq`` and the ledger items it stated."""
+        ...
+
     async def set_instructions(self, conversation_id: str, instructions_json: str | None) -> None: ...
     async def touch(self, conversation_id: str) -> None: ...
     async def insert_summary(
@@ -236,6 +253,16 @@ class Writes(Reads, Protocol):
     async def set_last_sent(self, conversation_id: str, sent_json: str) -> None: ...
     async def set_last_model(self, conversation_id: str, model: str) -> None: ...
     async def put_file(self, record: FileRecord) -> None: ...
+    async def add_ledger_items(self, items: Sequence[LedgerItem]) -> None: ...
+    async def supersede_ledger_items(self, ids: Sequence[str], by: str, seq: int) -> None:
+        """Mark the items ``ids`` replaced by item ``by``, stated in the message at ``seq``."""
+        ...
+
+    async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
+        """Set one item's state (``LEDGER_STATES``: the user pins or drops it); the item as it is now, None
+        when ``conversation_id`` has no item ``item_id``."""
+        ...
+
     async def put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
         """Store payload contents by path, in this transaction (stores that keep payloads in the database)."""
         ...
@@ -248,7 +275,8 @@ class Writes(Reads, Protocol):
     async def renew_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool: ...
     async def release_compaction_lease(self, conversation_id: str, owner: str) -> None: ...
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
-        """Delete the conversation's rows except its messages ``[0, keep)`` and the summaries that rows of other
+        """Delete the conversation's rows except its messages ``[0, keep)`` (and the ledger items they stated,
+        a supersession by a later statement undone) and the summaries that rows of other
         conversations still reference (with all they link to, and the messages those cover). With nothing
         kept the row goes too; otherwise it stays, marked deleted, stripped of its key, instructions, context
         and bookkeeping. A ``files`` row goes once no message refers to it (``Removed.paths``: their contents,

@@ -88,6 +88,11 @@ TABLES = (
     _table("context_items", "conversation_id ordinal summary_id", "conversation_id ordinal"),
     _table("last_sent", "conversation_id sent_json updated_at", "conversation_id"),
     _table("relayed_answers", "conversation_id seq created_at", "conversation_id"),
+    _table(
+        "ledger_items",
+        "id conversation_id kind slot value text seq message_id role created_at superseded_seq superseded_by state",
+        "id",
+    ),
 )
 SERIALS = (("messages", "id"), ("summaries", "pk"))
 

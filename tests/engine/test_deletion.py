@@ -25,6 +25,7 @@ from proxy.engine.errors import NotFound
 from proxy.engine.ingest import export_conversation
 from proxy.engine.recall.tools import RecallTools
 from proxy.store.location import Location
+from proxy.store.records import LedgerItem
 from proxy.store.sqlite.store import SQLiteStore
 from tests.support.cli import main as in_process_cli
 from tests.support.deletion import Echo, holding, open_engine, prepare, turns
@@ -59,7 +60,8 @@ async def traces(store: Any, conversation_ids: list[str], message_ids: list[int]
             if n:
                 found.append(f"{label}: {table}.{column} = {value} ({n})")
 
-    for table in ("messages", "summaries", "context_items", "last_sent", "relayed_answers", "compaction_leases"):
+    tables = ("messages", "summaries", "context_items", "last_sent", "relayed_answers", "compaction_leases")
+    for table in (*tables, "ledger_items"):
         await count("conversation", table, "conversation_id", conversation_ids)
     await count("conversation", "conversations", "id", conversation_ids)
     await count("conversation", "conversations", "parent_id", conversation_ids)
@@ -67,6 +69,7 @@ async def traces(store: Any, conversation_ids: list[str], message_ids: list[int]
     await count("message", "messages", "id", message_ids)
     await count("message", "message_files", "message_id", message_ids)
     await count("message", "summary_sources", "message_id", message_ids)
+    await count("message", "ledger_items", "message_id", message_ids)
     for column in ("summary_id", "child_summary_id"):
         await count("summary", "summary_sources", column, summary_ids)
     await count("summary", "context_items", "summary_id", summary_ids)
@@ -85,6 +88,23 @@ async def owned(store: Any, conversation_ids: list[str]) -> tuple[list[int], lis
             str(r[0]) for r in await rows(store, "SELECT id FROM summaries WHERE conversation_id = ?", (cid,))
         ]
     return message_ids, summary_ids
+
+
+async def stated(store: Any, conversation_id: str, marker: str) -> list[LedgerItem]:
+    """Two standing instructions carrying ``marker`` (the second, from a later message, supersedes the first), as
+    ingest stores them."""
+    first, later = (await store.read.messages(conversation_id))[1:4:2]
+    items = [
+        LedgerItem(f"led_{n:03d}{conversation_id[-13:]}", conversation_id, "rule", "vault code", value,
+                   f"The vault code is {value}.", m.seq, m.id, "user", 1.0)
+        for n, (m, value) in enumerate(((first, f"{marker}A"), (later, f"{marker}B")))
+    ]  # fmt: skip
+    async with store.write() as tx:
+        await tx.add_ledger_items(items)
+        await tx.supersede_ledger_items([items[0].id], items[1].id, later.seq)
+    stored: list[LedgerItem] = await store.read.ledger(conversation_id, include_superseded=True)
+    assert [i.current for i in stored] == [False, True]
+    return stored
 
 
 async def payloads(store: Any, files: Any) -> set[str]:
@@ -133,6 +153,7 @@ def test_delete_leaves_nothing_of_a_conversation_and_everything_else(where: Loca
         doomed = transcript(marker)
         doomed_id = await prepare(engine, "t", doomed)
         await compact(engine, doomed_id)
+        await stated(store, doomed_id, marker)
         keeper_id = await prepare(
             engine, "t", [user("Keeper here."), assistant("Hi."), shared_file, *turns(3, "Keeper")]
         )
@@ -193,9 +214,11 @@ def test_a_deleted_parent_stays_for_its_fork_until_the_fork_goes(where: Location
         parent = [pasted("notes.txt", "shared notes"), assistant("Read it."), *turns(14, "Parent", marker)]
         parent_id = await prepare(engine, "t", parent)
         await compact(engine, parent_id)
+        ledger = await stated(store, parent_id, marker)
         edited = [*parent[:-3], user("a different question altogether")]
         fork_id = await prepare(engine, "t", edited)
         assert fork_id != parent_id
+        assert [i.text for i in await store.read.ledger(fork_id)] == [ledger[1].text]  # the fork's own copies
         fork_context = await store.read.context_summaries(fork_id)
         assert fork_context and all(s.conversation_id == parent_id for s in fork_context)
         fork_export = await export_conversation(store, files, "t", fork_id)
@@ -215,6 +238,8 @@ def test_a_deleted_parent_stays_for_its_fork_until_the_fork_goes(where: Location
             await export_conversation(store, files, "t", parent_id)
         kept = await store.read.conversation(None, parent_id, deleted=True)
         assert kept is not None and kept.deleted_at is not None and kept.instructions_json is None
+        assert await store.read.ledger(parent_id, include_superseded=True) == ledger  # within the kept prefix
+        assert [i.text for i in await store.read.ledger(fork_id)] == [ledger[1].text]
         assert kept.message_count == fork_point and await store.read.context_summaries(parent_id) == []
         # The fork is whole: its export, its context, and recall into the shared prefix.
         assert await export_conversation(store, files, "t", fork_id) == fork_export

@@ -19,6 +19,7 @@ from proxy.engine.ingest import export_conversation
 from proxy.store.files import FileStore
 from proxy.store.location import Location
 from proxy.store.migrate import PAYLOADS, TABLES, MigrateError, Migration, Outcome, _parents_first, report
+from proxy.store.records import LedgerItem
 from proxy.store.sqlite.store import SQLiteStore
 from tests.support import REPO
 from tests.support.compaction import SETTINGS as COMPACTION_SETTINGS
@@ -85,6 +86,7 @@ async def build_source(data_dir: Path) -> None:
         first = await engine.prepare("t", main, BIG, summarizer)
         cid = first.conversation_id or ""
         await engine.compactor.sweep(cid, summarizer)
+        await standing_instructions(store, cid)  # before the fork: it gets copies of them
         await engine.prepare("t", [*main, user("and then?")], BIG, summarizer)
         fork = await engine.prepare("t", [*main[:-3], user("a different question")], BIG, summarizer)
         assert fork.conversation_id not in (None, cid)
@@ -98,6 +100,20 @@ async def build_source(data_dir: Path) -> None:
         assert await check_database(store, files) == []
     finally:
         await store.close()
+
+
+async def standing_instructions(store: SQLiteStore, cid: str) -> None:
+    """Ledger items as ingest stores them: one superseded by a later one, one pinned."""
+    first, later = (await store.read.messages(cid))[0:3:2]
+    items = [
+        LedgerItem(f"led_{n:016x}", cid, "constraint", "budget", value, f"Keep the budget under {value}.", m.seq, m.id,
+                   "user", 5.0 + n)
+        for n, (m, value) in enumerate(((first, "$800"), (later, "$500")))
+    ]  # fmt: skip
+    async with store.write() as tx:
+        await tx.add_ledger_items(items)
+        await tx.supersede_ledger_items([items[0].id], items[1].id, later.seq)
+        await tx.set_ledger_state(cid, items[1].id, "pinned")
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +158,7 @@ async def snapshot(where: Location) -> dict[str, Any]:
                 "dag": dag,
                 "last_sent": await q.last_sent(cid),
                 "relayed": await q.replaceable_answer(cid),
+                "ledger": await q.ledger(cid, include_superseded=True),
             }
         return seen
     finally:

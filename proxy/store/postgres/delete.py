@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # The tables a deletion changes, in ``VACUUM``'s order (their TOAST tables and indexes come with them).
 TABLES = (
-    "messages", "message_files", "summaries", "summary_sources", "context_items", "files", "blobs",
+    "ledger_items", "messages", "message_files", "summaries", "summary_sources", "context_items", "files", "blobs",
     "last_sent", "relayed_answers", "compaction_leases", "conversations",
 )  # fmt: skip
 
@@ -57,12 +57,14 @@ class PostgresRemoval:
 
         async def _all(self, sql: str, args: Sequence[Any] = ()) -> list[Any]: ...
         async def _run(self, sql: str, args: Sequence[Any] = ()) -> int: ...
+        async def _truncate_ledger(self, conversation_id: str, start: int) -> None: ...  # ``postgres.ledger``
 
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
         cid = conversation_id
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self._run(f"DELETE FROM lcm.{table} WHERE conversation_id = %s", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
+        await self._truncate_ledger(cid, keep)
         linked = await self._all(
             "SELECT DISTINCT mf.file_id FROM lcm.message_files mf JOIN lcm.messages m ON m.id = mf.message_id"
             " WHERE m.conversation_id = %s AND m.seq >= %s",

@@ -185,6 +185,31 @@ migration(
 )
 
 
+migration(
+    "p004_ledger_items",
+    """
+    -- The ledger of standing instructions: see proxy.store.sqlite.migrations (m008_ledger_items).
+    CREATE TABLE lcm.ledger_items (
+        id text PRIMARY KEY,
+        conversation_id text NOT NULL REFERENCES lcm.conversations(id),
+        kind text NOT NULL,
+        slot text NOT NULL,
+        value text NOT NULL,
+        text text NOT NULL,
+        seq integer NOT NULL,
+        message_id bigint NOT NULL REFERENCES lcm.messages(id),
+        role text NOT NULL,
+        created_at double precision NOT NULL,
+        superseded_seq integer,
+        superseded_by text,
+        state text NOT NULL DEFAULT 'active'
+    );
+    CREATE INDEX ledger_items_conversation ON lcm.ledger_items(conversation_id, seq);
+    CREATE INDEX ledger_items_message ON lcm.ledger_items(message_id);
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

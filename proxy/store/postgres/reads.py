@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from proxy.store.errors import StoreBusy
+from proxy.store.postgres.ledger import PostgresLedgerReads
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, SummaryRecord
 
 CONV_COLUMNS = (
@@ -111,7 +112,7 @@ class Session:
                 return cursor.rowcount
 
 
-class PostgresReads(Session):
+class PostgresReads(Session, PostgresLedgerReads):
     async def conversation(
         self, scope: str | None, conversation_id: str, *, deleted: bool = False
     ) -> ConversationRecord | None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from proxy.store.postgres.delete import PostgresRemoval
+from proxy.store.postgres.ledger import PostgresLedgerWrites
 from proxy.store.postgres.reads import FILE_COLUMNS, SUM_COLUMNS, PostgresReads
 from proxy.store.postgres.words import tsvector
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
@@ -26,7 +27,7 @@ _MESSAGE_FIELDS = (
 OFF_LOOP_CHARS = 200_000  # texts of one append longer than this are folded into words in a worker thread
 
 
-class PostgresWrites(PostgresReads, PostgresRemoval):
+class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
     async def _lock(self, key: str) -> None:
         await self._run("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{LOCK_NAMESPACE}:{key}",))
 
@@ -75,6 +76,7 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
             " WHERE s.conversation_id = %s AND s.seq < %s ON CONFLICT DO NOTHING",
             (target_id, source_id, count),
         )
+        await self._copy_ledger(source_id, target_id, count)
         await self._refresh_counts(target_id)
 
     async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None:
@@ -130,6 +132,7 @@ class PostgresWrites(PostgresReads, PostgresRemoval):
         return float(row[0]) if row else None
 
     async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None:
+        await self._truncate_ledger(conversation_id, seq)  # the items it stated go with it
         await self._run(
             "DELETE FROM lcm.message_files WHERE message_id IN"
             " (SELECT id FROM lcm.messages WHERE conversation_id = %s AND seq = %s)",

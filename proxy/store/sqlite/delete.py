@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
@@ -65,6 +65,10 @@ class SQLiteRemoval:
 
     conn: aiosqlite.Connection
 
+    if TYPE_CHECKING:  # provided by ``sqlite.ledger.SQLiteLedgerWrites``
+
+        async def _truncate_ledger(self, conversation_id: str, start: int) -> None: ...
+
     async def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         async with self.conn.execute(sql, args) as cursor:
             return list(await cursor.fetchall())
@@ -78,6 +82,7 @@ class SQLiteRemoval:
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
+        await self._truncate_ledger(cid, keep)
         linked = await self._fetch(
             "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"
             " WHERE m.conversation_id = ? AND m.seq >= ?",

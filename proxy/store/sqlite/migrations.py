@@ -254,3 +254,31 @@ migration(
     ALTER TABLE conversations ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat';
     """,
 )
+
+migration(
+    "m008_ledger_items",
+    """
+    -- The ledger of standing instructions (proxy.engine.ledger): what the user or the agent set to hold from
+    -- then on, each with the message it came from. An item is current until a later statement of the same kind
+    -- and slot supersedes it (superseded_seq: that statement's message; superseded_by: its item, in the same
+    -- conversation). A fork holds copies of its parent's items under ids of its own (proxy.store.ledger).
+    CREATE TABLE ledger_items (
+        id TEXT PRIMARY KEY,                      -- led_<16 hex>
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        kind TEXT NOT NULL,                       -- rule | constraint | preference | goal | decision | name
+        slot TEXT NOT NULL,                       -- what it is about, normalised: the supersession key
+        value TEXT NOT NULL,                      -- the part an update changes
+        text TEXT NOT NULL,                       -- the sentence as stated (credentials masked)
+        seq INTEGER NOT NULL,                     -- the message it came from
+        message_id INTEGER NOT NULL REFERENCES messages(id),
+        role TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        superseded_seq INTEGER,
+        superseded_by TEXT,
+        state TEXT NOT NULL DEFAULT 'active'      -- active | pinned | dropped (set by the user)
+    );
+    CREATE INDEX ledger_items_conversation ON ledger_items(conversation_id, seq);
+    -- Deleting messages checks this foreign key: an index, as every other one has.
+    CREATE INDEX ledger_items_message ON ledger_items(message_id);
+    """,
+)

@@ -13,6 +13,7 @@ import aiosqlite
 
 from proxy.store.errors import StoreBusy
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, SummaryRecord
+from proxy.store.sqlite.ledger import SQLiteLedgerReads
 
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
@@ -48,7 +49,7 @@ def busy_is_retryable() -> Iterator[None]:
         raise
 
 
-class Queries:
+class Queries(SQLiteLedgerReads):
     """Reads, usable on a reader connection or inside a write transaction."""
 
     def __init__(self, conn: sqlite3.Connection | aiosqlite.Connection) -> None:

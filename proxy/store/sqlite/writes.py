@@ -14,10 +14,11 @@ import aiosqlite
 
 from proxy.store.records import FileRecord, NewMessage, SummaryRecord
 from proxy.store.sqlite.delete import SQLiteRemoval
+from proxy.store.sqlite.ledger import SQLiteLedgerWrites
 from proxy.store.sqlite.reads import FILE_COLUMNS, SUM_COLUMNS, Queries
 
 
-class WriteTransaction(SQLiteRemoval, Queries):
+class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
     conn: aiosqlite.Connection
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
@@ -59,7 +60,8 @@ class WriteTransaction(SQLiteRemoval, Queries):
         await self.conn.execute("UPDATE conversations SET external_key = ? WHERE id = ?", (key, to_conversation))
 
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:
-        """Copy messages [0, count) of ``source_id`` (and their file links) into ``target_id``."""
+        """Copy messages [0, count) of ``source_id`` (their file links, the ledger items they stated) into
+        ``target_id``."""
         await self.conn.execute(
             "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
             " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
@@ -74,6 +76,7 @@ class WriteTransaction(SQLiteRemoval, Queries):
             " JOIN messages t ON t.conversation_id = ? AND t.seq = s.seq WHERE s.conversation_id = ? AND s.seq < ?",
             (target_id, source_id, count),
         )
+        await self._copy_ledger(source_id, target_id, count)
         await self._refresh_counts(target_id)
 
     async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None:
@@ -116,7 +119,9 @@ class WriteTransaction(SQLiteRemoval, Queries):
         return float(row[0]) if row else None
 
     async def drop_relayed_answer(self, conversation_id: str, seq: int) -> None:
-        """Remove the relayed answer at ``seq`` (checked with ``replaceable_answer`` in this transaction)."""
+        """Remove the relayed answer at ``seq`` (checked with ``replaceable_answer`` in this transaction), and
+        the ledger items it stated."""
+        await self._truncate_ledger(conversation_id, seq)
         await self.conn.execute(
             "DELETE FROM message_files WHERE message_id IN"
             " (SELECT id FROM messages WHERE conversation_id = ? AND seq = ?)",

@@ -17,13 +17,14 @@ from proxy.engine.admin import MESSAGES_PAGE, MESSAGES_PAGE_MAX
 from proxy.errors import InvalidRequestError, PermissionDeniedError
 from proxy.scopes import user_scope
 from proxy.wire.auth import request_user
-from proxy.wire.http import JSONResponse
+from proxy.wire.http import JSONResponse, read_json_body
 
 if TYPE_CHECKING:
     from proxy.wire.state import AppState
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}")  # as ``ApiKey.tenant``
 Handler = Callable[[Request, "AppState", str], Awaitable[dict[str, Any]]]
+LEDGER_BODY_BYTES = 4096  # ``{"state": "pinned"}`` and then some
 
 
 def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
@@ -85,6 +86,29 @@ async def messages(request: Request, state: AppState, tenant: str) -> dict[str, 
 
 async def context(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
     return await state.admin.context(tenant, request.path_params["id"])
+
+
+async def ledger(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    """The conversation's standing instructions; ``?all=true`` adds those a later statement superseded."""
+    every = request.query_params.get("all", "false")
+    if every not in ("true", "false"):
+        raise InvalidRequestError("'all' must be true or false", param="all", code="invalid_value")
+    return await state.admin.ledger(tenant, request.path_params["id"], every == "true")
+
+
+async def ledger_item(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
+    """``{"state": "pinned" | "dropped" | "active"}``: the user pins, drops or restores one item (a state not
+    among those is refused by the admin service, naming ``state``)."""
+    settings = state.config.general_settings
+    body = await read_json_body(request, LEDGER_BODY_BYTES, settings.body_read_timeout)
+    wanted = body.get("state") if isinstance(body, dict) else None
+    if wanted is None:
+        raise InvalidRequestError(
+            'Missing required parameter: \'state\' (a JSON object such as {"state": "pinned"}).',
+            param="state",
+            code="missing_required_parameter",
+        )
+    return await state.admin.set_ledger_state(tenant, request.path_params["id"], request.path_params["item"], wanted)
 
 
 async def summary(request: Request, state: AppState, tenant: str) -> dict[str, Any]:
@@ -173,6 +197,8 @@ ADMIN_ROUTES = [
     Route("/lcm/conversations/{id}/context", endpoint(context), methods=["GET"]),
     Route("/lcm/conversations/{id}/grep", endpoint(grep), methods=["GET"]),
     Route("/lcm/conversations/{id}/compact", endpoint(compact), methods=["POST"]),
+    Route("/lcm/conversations/{id}/ledger", endpoint(ledger), methods=["GET"]),
+    Route("/lcm/conversations/{id}/ledger/{item}", endpoint(ledger_item), methods=["POST"]),
     Route("/lcm/summaries/{id}", endpoint(summary), methods=["GET"]),
     Route("/lcm/files/{id}", endpoint(file), methods=["GET"]),
 ]

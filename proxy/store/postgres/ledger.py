@@ -1,0 +1,80 @@
+"""The PostgreSQL store's ledger of standing instructions (``lcm.ledger_items``, ``proxy.store.ledger``): its
+read (``Reads.ledger``), mixed into ``postgres.reads.PostgresReads``, and its writes, mixed into the write
+transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from proxy.store.ledger import LEDGER_COLUMNS, forked, item_row
+from proxy.store.records import LedgerItem
+
+_VALUES = ", ".join(["%s"] * len(LEDGER_COLUMNS.split(",")))
+
+
+class PostgresLedgerReads:
+    if TYPE_CHECKING:  # provided by ``postgres.reads.Session``
+
+        async def _all(self, sql: str, args: Sequence[Any] = ()) -> list[Any]: ...
+        async def _one(self, sql: str, args: Sequence[Any] = ()) -> Any: ...
+        async def _run(self, sql: str, args: Sequence[Any] = ()) -> int: ...
+
+    async def ledger(self, conversation_id: str, include_superseded: bool = False) -> list[LedgerItem]:
+        """The conversation's items by seq; without ``include_superseded`` only those no later statement
+        replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
+        rows = await self._all(
+            f"SELECT {LEDGER_COLUMNS} FROM lcm.ledger_items WHERE conversation_id = %s"
+            " AND (%s OR superseded_seq IS NULL) ORDER BY seq, id",
+            (conversation_id, include_superseded),
+        )
+        return [LedgerItem(*r) for r in rows]
+
+
+class PostgresLedgerWrites(PostgresLedgerReads):
+    async def add_ledger_items(self, items: Sequence[LedgerItem]) -> None:
+        await self._insert([item_row(i) for i in items])
+
+    async def _insert(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for start in range(0, len(rows), 500):
+            chunk = rows[start : start + 500]
+            await self._run(
+                f"INSERT INTO lcm.ledger_items ({LEDGER_COLUMNS}) VALUES {', '.join([f'({_VALUES})'] * len(chunk))}",
+                [value for row in chunk for value in row],
+            )
+
+    async def supersede_ledger_items(self, ids: Sequence[str], by: str, seq: int) -> None:
+        """Mark ``ids`` replaced by item ``by``, stated in the message at ``seq``."""
+        await self._run(
+            "UPDATE lcm.ledger_items SET superseded_seq = %s, superseded_by = %s WHERE id = ANY(%s::text[])",
+            (seq, by, list(ids)),
+        )
+
+    async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
+        row = await self._one(
+            f"UPDATE lcm.ledger_items SET state = %s WHERE conversation_id = %s AND id = %s RETURNING {LEDGER_COLUMNS}",
+            (state, conversation_id, item_id),
+        )
+        return LedgerItem(*row) if row else None
+
+    async def _copy_ledger(self, source_id: str, target_id: str, count: int) -> None:
+        """The items of ``source_id`` stated before ``count`` into its fork ``target_id``, whose messages
+        [0, count) are copied already."""
+        items = await self.ledger(source_id, include_superseded=True)
+        if not any(i.seq < count for i in items):
+            return
+        rows = await self._all(
+            "SELECT seq, id FROM lcm.messages WHERE conversation_id = %s AND seq < %s", (target_id, count)
+        )
+        await self._insert(forked(items, target_id, {int(seq): int(i) for seq, i in rows}, count))
+
+    async def _truncate_ledger(self, conversation_id: str, start: int) -> None:
+        """Remove the items stated from message ``start`` on; those they superseded are current again."""
+        await self._run(
+            "UPDATE lcm.ledger_items SET superseded_seq = NULL, superseded_by = NULL"
+            " WHERE conversation_id = %s AND superseded_seq >= %s",
+            (conversation_id, start),
+        )
+        await self._run(
+            "DELETE FROM lcm.ledger_items WHERE conversation_id = %s AND seq >= %s", (conversation_id, start)
+        )

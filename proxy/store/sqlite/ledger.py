@@ -1,0 +1,80 @@
+"""The SQLite store's ledger of standing instructions (``ledger_items``, ``proxy.store.ledger``): its read
+(``Reads.ledger``), mixed into ``sqlite.reads.Queries``, and its writes, mixed into the write transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from proxy.store.ledger import LEDGER_COLUMNS, forked, item_row
+from proxy.store.records import LedgerItem
+
+_VALUES = ", ".join("?" * len(LEDGER_COLUMNS.split(",")))
+
+
+class SQLiteLedgerReads:
+    if TYPE_CHECKING:  # provided by ``sqlite.reads.Queries``
+
+        async def _all(self, sql: str, args: Sequence[Any]) -> list[Any]: ...
+        async def _one(self, sql: str, args: Sequence[Any]) -> Any: ...
+
+    async def ledger(self, conversation_id: str, include_superseded: bool = False) -> list[LedgerItem]:
+        """The conversation's items by seq; without ``include_superseded`` only those no later statement
+        replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
+        rows = await self._all(
+            f"SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ? AND (? OR superseded_seq IS NULL)"
+            " ORDER BY seq, id",
+            (conversation_id, include_superseded),
+        )
+        return [LedgerItem(*r) for r in rows]
+
+
+class SQLiteLedgerWrites(SQLiteLedgerReads):
+    conn: aiosqlite.Connection
+
+    async def add_ledger_items(self, items: Sequence[LedgerItem]) -> None:
+        await self.conn.executemany(
+            f"INSERT INTO ledger_items ({LEDGER_COLUMNS}) VALUES ({_VALUES})", [item_row(i) for i in items]
+        )
+
+    async def supersede_ledger_items(self, ids: Sequence[str], by: str, seq: int) -> None:
+        """Mark ``ids`` replaced by item ``by``, stated in the message at ``seq``."""
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            await self.conn.execute(
+                "UPDATE ledger_items SET superseded_seq = ?, superseded_by = ?"
+                f" WHERE id IN ({','.join('?' * len(chunk))})",
+                (seq, by, *chunk),
+            )
+
+    async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
+        row = await self._one(
+            f"UPDATE ledger_items SET state = ? WHERE conversation_id = ? AND id = ? RETURNING {LEDGER_COLUMNS}",
+            (state, conversation_id, item_id),
+        )
+        return LedgerItem(*row) if row else None
+
+    async def _copy_ledger(self, source_id: str, target_id: str, count: int) -> None:
+        """The items of ``source_id`` stated before ``count`` into its fork ``target_id``, whose messages
+        [0, count) are copied already."""
+        items = await self.ledger(source_id, include_superseded=True)
+        if not any(i.seq < count for i in items):
+            return
+        rows = await self._all("SELECT seq, id FROM messages WHERE conversation_id = ? AND seq < ?", (target_id, count))
+        await self.conn.executemany(
+            f"INSERT INTO ledger_items ({LEDGER_COLUMNS}) VALUES ({_VALUES})",
+            forked(items, target_id, {int(seq): int(i) for seq, i in rows}, count),
+        )
+
+    async def _truncate_ledger(self, conversation_id: str, start: int) -> None:
+        """Remove the items stated from message ``start`` on; those they superseded are current again."""
+        await self.conn.execute(
+            "UPDATE ledger_items SET superseded_seq = NULL, superseded_by = NULL"
+            " WHERE conversation_id = ? AND superseded_seq >= ?",
+            (conversation_id, start),
+        )
+        await self.conn.execute(
+            "DELETE FROM ledger_items WHERE conversation_id = ? AND seq >= ?", (conversation_id, start)
+        )
