@@ -21,7 +21,9 @@ BUDGET_LINE = f"[constraint] Quick update: keep spend under $500. (msg 4, {BUDGE
 @pytest.fixture
 def stored(app_factory: Any, where: Location, isolated_env: dict[str, str]) -> tuple[Any, str, str]:
     """(run ``lcm-proxy`` on the store, Alice's conversation with the ledger planted, one without a ledger)."""
-    proxy = app_factory(api_keys=KEYS, where=where)
+    proxy = app_factory(
+        api_keys=KEYS, where=where, lcm={"standing_instructions": "off"}
+    )  # items planted, not extracted
     ids = []
     for headers in ({"authorization": "Bearer sk-alice-0000000"}, {"authorization": "Bearer sk-bob-11111111"}):
         response = proxy.client.post(

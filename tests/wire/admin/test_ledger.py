@@ -17,7 +17,9 @@ KEYS = [{"key": "sk-alice-0000000", "tenant": "alice"}, {"key": "sk-bob-11111111
 
 def started(app_factory: Any, where: Location) -> tuple[Any, str, dict[int, str]]:
     """A proxy holding Alice's conversation of ``TURNS`` with the ledger planted: (proxy, id, {seq: msg id})."""
-    proxy = app_factory(api_keys=KEYS, where=where)
+    proxy = app_factory(
+        api_keys=KEYS, where=where, lcm={"standing_instructions": "off"}
+    )  # items planted, not extracted
     response = proxy.client.post("/v1/chat/completions", json={"model": "test-model", "messages": TURNS}, headers=ALICE)
     assert response.status_code == 200, response.text
     conversation = response.headers["x-lcm-conversation-id"]
@@ -103,3 +105,20 @@ def test_another_tenant_neither_sees_nor_changes_the_ledger(app_factory: Any, wh
     assert [i["state"] for i in client.get(path, params={"all": "true"}, headers=ALICE).json()["data"]] == [
         "active"
     ] * 3
+
+
+def test_what_the_conversation_sets_is_listed_as_ingest_extracted_it(app_factory: Any, where: Location) -> None:
+    """With the ledger on (the default), the same turns give the items by themselves: the rule, and the budget
+    superseded by its update in other words."""
+    proxy = app_factory(api_keys=KEYS, where=where)
+    response = proxy.client.post("/v1/chat/completions", json={"model": "test-model", "messages": TURNS}, headers=ALICE)
+    path = f"/lcm/conversations/{response.headers['x-lcm-conversation-id']}/ledger"
+    current = proxy.client.get(path, headers=ALICE).json()["data"]
+    assert [(i["kind"], i["text"], i["seq"]) for i in current] == [
+        ("rule", "Never push to main.", 0),
+        ("constraint", "Quick update: keep spend under $500.", 4),
+    ]
+    everything = proxy.client.get(path, params={"all": "true"}, headers=ALICE).json()["data"]
+    (old,) = [i for i in everything if i["seq"] == 2]
+    assert old["text"] == "The budget cap is $800." and old["superseded_seq"] == 4
+    assert old["superseded_by"] == current[1]["id"]
