@@ -21,6 +21,7 @@ and the scoring is still presence in what is forwarded.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -209,6 +210,10 @@ def run(
                 run_proxy(current, upstream, upstream_url, backend is not None)
                 current.seconds = time.perf_counter() - start
                 runs.append(current)
+                print(  # progress: a real summariser takes minutes per run
+                    f"  {session.script} at {share:.0%}: {current.summarizer_calls} summaries, {current.seconds:.0f} s",
+                    file=sys.stderr,
+                )
     return runs, warnings
 
 
