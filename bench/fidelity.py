@@ -671,6 +671,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fetch-model", action="store_true", help=f"assemble the default model into {MODEL_CACHE}")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp threads")
     parser.add_argument("--verbose", action="store_true", help="list the facts lcm-proxy lost")
+    parser.add_argument(
+        "--standing", action="store_true", help="the standing-instructions benchmark instead (bench/standing.py)"
+    )
     return parser.parse_args(argv)
 
 
@@ -680,6 +683,11 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
         print(f"model: {fetch_model()}")
         if not args.real and args.model is None:
             return
+    if args.standing:
+        from bench import standing  # imported here: it builds on this module
+
+        standing.main(args, quick)
+        return
     real = args.real or args.model is not None
     settings = Settings(budget=args.budget, max_tokens=args.max_tokens, window=args.window, real=real)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([6000] if real else [20000, 6000])
