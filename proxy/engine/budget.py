@@ -5,7 +5,8 @@ the model's token margin), minus tool schemas (the instructions are subtracted b
 where they end). ``sizes`` splits that limit:
 
 - the **recall block** (auto-recall excerpts at the end of the request) keeps a reserve;
-- the **ledger** of standing instructions (``proxy.engine.standing``) keeps its own share;
+- the **ledger** of standing instructions (``proxy.engine.standing``) keeps what its current items take, within
+  its own share of the limit (``ledger_share``), so a conversation without any gives nothing up for it;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
 - above ``soft`` a compaction is scheduled after the response; it summarises the oldest raw messages only
   until the context is back under ``target`` (a fifth of the context below ``soft``), so the forwarded
@@ -115,16 +116,22 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None) -> Sizes:
+def ledger_share(settings: LcmSettings, limit: int) -> int:
+    """The most the standing-instructions block may take of a message limit of ``limit`` tokens."""
+    if settings.standing_instructions == "off" or limit < 400:
+        return 0
+    return min(settings.standing_instructions_tokens or min(limit // 4, 2000), limit // 3)
+
+
+def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None, ledger: int = 0) -> Sizes:
     """The sizes for a message limit of ``limit`` tokens; ``summary_window`` is the summary model's own
-    window, which caps what one summarizer call may be given."""
+    window, which caps what one summarizer call may be given; ``ledger`` what the conversation's standing
+    instructions take (at most ``ledger_share``)."""
     limit = max(0, limit)
     recall = min(settings.auto_recall_tokens or 2000, limit // 6)
     if settings.auto_recall == "off" or limit < 400:
         recall = 0
-    ledger = min(settings.standing_instructions_tokens or min(limit // 10, 1500), limit // 4)
-    if settings.standing_instructions == "off" or limit < 400:
-        ledger = 0
+    ledger = min(ledger, ledger_share(settings, limit))
     context = limit - recall - ledger
     soft = int(context * settings.context_threshold)
     target = max(context // 2, soft - context // 5)

@@ -68,6 +68,7 @@ class _Request:
     view: View
     tools_offered: bool
     dialect: Dialect
+    standing: Standing
 
 
 @dataclass
@@ -140,6 +141,10 @@ class ContextEngine:
         if ingested.forked_from is not None and parent_task is None:
             await self._adopt(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(scope, ingested.conversation_id)
+        standing = await self._standing(conversation.id)
+        if standing.items:  # the budget keeps what the conversation's standing instructions take
+            reserve = standing.reserve(budget.ledger_share(self.settings, limit))
+            sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None), reserve)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
         required = sum(view.costs[view.required - view.upto :])
@@ -150,7 +155,7 @@ class ContextEngine:
             raise refusal
         request = _Request(
             scope, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
-            tools_offered, dialect,
+            tools_offered, dialect, standing,
         )  # fmt: skip
         if parent_task is not None and not parent_task.done():
             # A fork made while its parent is being compacted waits for that compaction (in ``finish``, so a
@@ -191,7 +196,7 @@ class ContextEngine:
         """``instructions + summaries + raw messages`` within the request's limit, with what auto-recall adds."""
         ingested, dialect, sizes, limit = request.ingested, request.dialect, request.sizes, request.limit
         count = request.count
-        standing = await self._standing(conversation_id)
+        standing = request.standing
         summaries = standing.masked_summaries(view.summaries)  # a superseded value does not come back
         try:
             assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
@@ -215,7 +220,7 @@ class ContextEngine:
             raw.append(message)
         used = assembly.tokens
         # The ledger: right after the instructions, before the summaries, within its share (and the room left).
-        room = min(sizes.ledger, limit - used - 8)
+        room = min(budget.ledger_share(self.settings, limit), limit - used - 8)
         block, items = standing.block(assembly.first_raw, room) if room > 0 else ("", ())
         if block:
             used += tokens.count_text(block) + 2

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from proxy import tokens
 from proxy.dialects import Dialect
 from proxy.engine import ledger
 from proxy.engine.ledger import Statement
@@ -101,6 +102,11 @@ class Standing:
     @classmethod
     def of(cls, items: list[LedgerItem]) -> Standing:
         return cls(items, stale_pattern(items))
+
+    def reserve(self, room: int) -> int:
+        """Tokens to keep for the block: what all current items take within ``room`` (those still forwarded
+        raw too, so that the reserve does not change when a compaction hides them, only when items do)."""
+        return tokens.count_text(ledger.render(ledger.select(self.items, room))) + 2 if self.items else 0
 
     def block(self, first_raw: int, room: int) -> tuple[str, tuple[str, ...]]:
         """(the block, the ids of its items): the current items set in messages before ``first_raw`` (those
