@@ -462,12 +462,23 @@ def exploration_in(message: dict[str, Any]) -> str:
     return content.split("Exploration Summary:\n", 1)[1].split("\n(Stored out of line by lcm-proxy.", 1)[0]
 
 
-@pytest.mark.parametrize("where", ["paste", "tool_output"])
-@pytest.mark.parametrize("fault", [*ALL_FAULTS, "401"])
-def test_exploration_falls_back_when_the_summary_model_fails(
-    session: Callable[..., Session], fault: str, where: str
+@pytest.mark.parametrize("fault", [None, "500"])
+def test_a_tool_output_is_described_from_its_own_lines_never_by_the_summary_model(
+    session: Callable[..., Session], fault: str | None
 ) -> None:
-    first = [paste("A")] if where == "paste" else tool_exchange("A")
+    """An agent's tool outputs come by the dozen: describing each with the summary model would cost a call with
+    the whole output as input. They get the deterministic excerpts, healthy model or not."""
+    s = session(Model(fault=fault), lcm_for(fault or "500"), [{"role": "system", "content": "Be helpful."}])
+    sent = s.send(*tool_exchange("A"))
+    exploration = exploration_in(sent["messages"][-1])
+    assert exploration.startswith("Kind: text (excerpts)") and "Meeting A note 0" in exploration
+    assert s.model.summary_calls == []
+    assert [f["exploration"].strip() for f in s.stored().files] == [exploration]  # forwarded = stored
+
+
+@pytest.mark.parametrize("fault", [*ALL_FAULTS, "401"])
+def test_exploration_falls_back_when_the_summary_model_fails(session: Callable[..., Session], fault: str) -> None:
+    first = [paste("A")]
     s = session(Model(fault=fault), lcm_for(fault), [{"role": "system", "content": "Be helpful."}, *first])
     sent = s.send()
     exploration = exploration_in(sent["messages"][-1])

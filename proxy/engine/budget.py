@@ -9,9 +9,9 @@ where they end). ``sizes`` splits that limit:
   its own share of the limit (``ledger_share``), so a conversation without any gives nothing up for it;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;
 - above ``soft`` a compaction is scheduled after the response; it summarises the oldest raw messages only
-  until the context is back under ``target`` (a fifth of the context below ``soft``), so the forwarded
-  context keeps using the budget instead of collapsing to the fresh tail, while the assembled prefix still
-  changes only once every few turns (prompt caches, llama.cpp's KV cache);
+  until the context is back under ``target`` (half the context, or two fifths of it below ``soft`` when the
+  threshold is set higher): far enough that the next compaction is many turns away, since each one changes
+  the assembled prefix (prompt caches, llama.cpp's KV cache), yet not down to the fresh tail alone;
 - the **fresh tail** protected from compaction is at most ``fresh_tail_count`` messages *and* at most
   ``tail_tokens``: a long tail shrinks before anything fails. Only the newest user message and what follows
   it must be forwarded raw.
@@ -128,13 +128,13 @@ def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None, 
     window, which caps what one summarizer call may be given; ``ledger`` what the conversation's standing
     instructions take (at most ``ledger_share``)."""
     limit = max(0, limit)
-    recall = min(settings.auto_recall_tokens or 2000, limit // 6)
+    recall = min(settings.auto_recall_tokens or 2000, limit // 10)
     if settings.auto_recall == "off" or limit < 400:
         recall = 0
     ledger = min(ledger, ledger_share(settings, limit))
     context = limit - recall - ledger
     soft = int(context * settings.context_threshold)
-    target = max(context // 2, soft - context // 5)
+    target = max(context // 2, soft - context * 2 // 5)
     summary_room = context // 4
     leaf_target = settings.leaf_target_tokens or _clamp(summary_room // 3, 48, 1200)
     condensed_target = settings.condensed_target_tokens or _clamp(summary_room // 2, 64, 2000)
