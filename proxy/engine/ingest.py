@@ -369,8 +369,10 @@ class Ingestor:
                 # A tool's output is described from its own lines (errors, head and tail), not by the summary
                 # model: an agent's outputs come by the dozen, each one a call with the whole output as input,
                 # while the agent can run the tool again and the recall tools read it back in full.
-                usable = summarizer is not None and payload.kind != "tool_output" and not (
-                    self.guard is not None and isinstance(model, str) and self.guard.breaker_open(model)
+                usable = (
+                    summarizer is not None
+                    and payload.kind != "tool_output"
+                    and not (self.guard is not None and isinstance(model, str) and self.guard.breaker_open(model))
                 )
                 summary = await exploration_summary(
                     payload.name,
