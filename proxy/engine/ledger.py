@@ -28,11 +28,12 @@ from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
 from proxy.engine.slots import classify
+from proxy.engine.topics import same_topic
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
 
 MAX_INPUT_CHARS = 20_000  # a message's standing instructions are in its prose, not in a pasted megabyte
-SETTERS = {"user": LEDGER_KINDS, "system": LEDGER_KINDS, "developer": LEDGER_KINDS, "assistant": ("decision", "name")}
+SETTERS = {"user": LEDGER_KINDS, "system": LEDGER_KINDS, "developer": LEDGER_KINDS, "assistant": ("goal", "decision", "name")}
 # Kinds that can update each other: "you may push to main now" (a rule) lifts "never push to main", and
 # "keep p99 under 200 ms" is a limit whichever of the two a phrasing lands on.
 FAMILY = {"rule": "rule", "constraint": "rule", "preference": "preference", "goal": "goal", "decision": "decision",
@@ -66,8 +67,8 @@ def extract(text: str, role: str) -> list[Statement]:
     for sentence in sentences(prose):
         if is_instruction_override(sentence):
             continue
-        classified = classify(sentence)
-        if classified is None or classified[0] not in kinds:
+        classified = classify(sentence, kinds)
+        if classified is None:
             continue
         kind, slot, value = classified
         if MARKER in value or KNOWN_MARKER in value:
@@ -78,8 +79,15 @@ def extract(text: str, role: str) -> list[Statement]:
 
 
 def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
-    """Whether ``new`` replaces ``old``: the same thing (kind family and slot), said later."""
-    return FAMILY.get(new.kind) == FAMILY.get(old.kind) and new.slot == old.slot
+    """Whether ``new`` replaces ``old``: the same thing, said later: the same kind family and slot key, or
+    (``proxy.engine.topics``) the same topic with a value of the same type."""
+    if FAMILY.get(new.kind) == FAMILY.get(old.kind) and _key(new.slot) == _key(old.slot):
+        return True
+    return same_topic((new.kind, new.slot, new.value), (old.kind, old.slot, old.value))
+
+
+def _key(slot: str) -> str:
+    return slot.partition(" ~ ")[0]
 
 
 def _repeats(new: Statement, old: Statement | LedgerItem) -> bool:

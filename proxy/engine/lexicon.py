@@ -39,7 +39,7 @@ STOPWORDS = frozenset(_STOPWORDS.split())
 _CANONICAL = {"respons": "answer", "reply": "answer", "repli": "answer", "repository": "repo", "attempt": "retry",
               "retri": "retry", "touch": "edit", "modifi": "edit", "modify": "edit", "chang": "edit",
               "alter": "edit"}  # fmt: skip
-_WORD = re.compile(r"[a-z][a-z0-9'_-]*")
+WORD = re.compile(r"[a-z][a-z0-9'_-]*")
 
 
 def stem(word: str) -> str:
@@ -55,9 +55,52 @@ def stem(word: str) -> str:
 def content_words(text: str, drop: str = "") -> str:
     """The words ``text`` is about, as a slot: stopwords and the words of ``drop`` (values, cues) removed,
     stemmed, deduplicated and sorted, so that word order and inflection do not change it."""
-    dropped = {stem(w) for w in _WORD.findall(drop.lower())}
-    words = {stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS}
+    dropped = {stem(w) for w in WORD.findall(drop.lower())}
+    words = {stem(w) for w in WORD.findall(text.lower()) if w not in STOPWORDS}
     return " ".join(sorted(w for w in words - dropped if w and w not in STOPWORDS))
+
+
+THINGS = frozenset(
+    """host hostnam server databas db branch ticket cluster bucket channel repo folder directory path queue tabl
+    alias email domain url endpoint namespac region imag port modul""".split()
+)
+_GENERIC = """
+budget spend spending cost bill fee allowance cap limit deadline date name thing stuff value number amount
+total whole overall hard soft final new old current main big small quick good news record note update
+month week day year quarter sprint today tomorrow time times hour minute morning afternoon evening night
+customer client user team people peopl everyone anyone someone somebody nobody finance legal manager boss
+company they them she he her him one two ways way bit lot kind sort part piece case point
+get got give gave keep kept stay remain make made take took put set use using run runn go goe going went come
+came want like need say said tell told ask know think see look work worked call let plan done do
+well also really still just even either anymore instead now again after first last next rest same
+simple separately actually probably basically definitely clear very pretty rather near far currently
+due finish finished complete done codename codenamed called named mention give talk write show quote summarise
+move moved slip slipped push pushed postpone shift change raise lower cut bump drop upgrade upgraded
+requirement rule policy constraint goal task status decision prefer owner use wait block stuck
+"""
+GENERIC = frozenset(stem(w) for w in _GENERIC.split()) | frozenset(_GENERIC.split())
+
+def topic(text: str, value: str = "") -> str:
+    """The topic words of ``text`` (without its ``value``): stemmed content words, generic ones left out, a kind
+    of thing with the word before it (``host@stag``); deduplicated and sorted."""
+    words = WORD.findall(text.replace(value, " ").lower() if value else text.lower())
+    out: set[str] = set()
+    for i, word in enumerate(words):
+        stemmed = stem(word)
+        if word in STOPWORDS or stemmed in GENERIC:
+            continue
+        if stemmed in THINGS:
+            before = words[i - 1] if i else ""
+            qualifier = "" if before in STOPWORDS or stem(before) in GENERIC else stem(before)
+            stemmed = f"{stemmed}@{qualifier}"
+        out.add(stemmed)
+    return " ".join(sorted(out))
+
+
+def with_topic(key: str, text: str, value: str) -> str:
+    """A concept's slot ``key`` with the topic words of ``text`` after " ~ " (``proxy.engine.topics``)."""
+    words = topic(text, value)
+    return f"{key} ~ {words}" if words else key
 
 
 # --- values ------------------------------------------------------------------------------------------------
@@ -66,6 +109,18 @@ _NUMBER_WORD = (
     r"(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty"
     r"|sixty|seventy|eighty|ninety|hundred|thousand|million|a|and)"
 )
+_NW = (
+    r"(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen"
+    r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million)"
+)
+NUMBER = rf"(?:\d[\d,]*(?:\.\d+)?|{_NW}(?:[\s-]+(?:and[\s-]+)?{_NW}){{0,4}})"  # "5", "five hundred"
+SIZE = re.compile(
+    rf"\b{NUMBER}\s?(?:gb|mb|kb|tb|gib|mib|(?:giga|mega|kilo|tera)?bytes?)\b", re.I
+)
+DURATION = re.compile(
+    rf"\b{NUMBER}\s?(?:ms|milliseconds?|secs?|seconds?|mins?|minutes?|hrs?|hours?|days?|weeks?|months?)\b", re.I
+)
+COUNT_UNIT = re.compile(rf"\b{NUMBER}\s+(?:[A-Za-z]+\s+)?([a-z]+s)\b", re.I)  # "5 attempts", "10,000 API calls"
 MONEY = re.compile(
     r"[$€£]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|thousand|million)\b)?"
     r"|\b\d[\d,]*(?:\.\d+)?\s?(?:k|m)?\s?(?:dollars|usd|eur|euros?|gbp|pounds|bucks)\b"
@@ -73,11 +128,18 @@ MONEY = re.compile(
     re.I,
 )
 _MONTH = r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"  # noqa: E501
+_ORDINAL = (
+    r"(?:(?:twenty|thirty)[\s-]?)?(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
+    r"|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|thirtieth)"
+)
 DATE = re.compile(
     rf"\b{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}\b"
     r"|\b\d{4}-\d\d-\d\d\b|\b(?:next\s+)?(?:mon|tues|wednes|thurs|fri|satur|sun)day\b|\bend of (?:the )?"
     r"(?:day|week|month|quarter|year|sprint|q[1-4])\b|\b(?:eod|eow|tomorrow|tonight)\b|\bnext (?:week|month)\b"
-    r"|\bq[1-4]\b",
+    r"|\bq[1-4]\b"
+    rf"|\b(?:the\s+)?{_ORDINAL}\s+of\s+{_MONTH}\b|\b(?:end|start|beginning|middle) of {_MONTH}\b"
+    r"|(?:(?<=until )|(?<=till )|(?<=by )|(?<=in )|(?<=before )|(?<=after ))(?:january|february|march|april|june"
+    r"|july|august|september|october|november|december)\b",
     re.I,
 )
 _QUANTITY = (
@@ -102,7 +164,7 @@ deadline hard final set raise lower increase cut reduce change changed moved mov
 main primary current overall end new updated
 """
 NOT_QUALIFIER = STOPWORDS | frozenset(_NOT_QUALIFIER.split())
-_BUDGET_WORD = re.compile(r"\b(budget|spend|spending|cost|costs|expenses?|cap|allowance|ceiling)\b", re.I)
+_BUDGET_WORD = re.compile(r"\b(budget|spend|spending|cost|costs|expenses?|cap|allowance|ceiling|bill|fees?)\b", re.I)
 NORMATIVE = re.compile(
     r"\b(?:budget|cap|capped|limit|allowance|ceiling|under|below|within|max(?:imum)?|at most|no more than"
     r"|keep|stay|must|should|not exceed|up to|can spend)\b",
@@ -118,7 +180,7 @@ _QUALIFIED_BY = re.compile(r"\s+(?:for|on)\s+(?:the\s+|our\s+|all\s+)?([a-z][\w-
 
 def _qualifier(text: str, noun: re.Match[str]) -> str:
     """The word that says *which* one: right before the concept's noun ("travel budget"), or after "for/on"."""
-    before = _WORD.findall(text[: noun.start()].lower())[-2:]
+    before = WORD.findall(text[: noun.start()].lower())[-2:]
     if before[-1:] in (["is"], ["are"]):
         before = before[:-1]  # "the report is due"
     after = _QUALIFIED_BY.match(text, noun.end())
@@ -134,7 +196,8 @@ def _budget(text: str) -> Found | None:
     money, noun = MONEY.search(text), _BUDGET_WORD.search(text)
     if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not _STILL.search(text)):
         return None
-    return "constraint", slot("budget", _qualifier(text, noun)), money.group(0).strip()
+    value = money.group(0).strip()
+    return "constraint", with_topic(slot("budget", _qualifier(text, noun)), text, value), value
 
 
 _FUTURE = re.compile(r"\b(?:needs?|must|should|has to|have to|will|wants?|going to|expects?|plans?|got to)\b", re.I)
@@ -151,10 +214,10 @@ def _deadline(text: str) -> Found | None:
     if not date:
         return None
     if (noun := _DEADLINE_WORD.search(text)) and noun.start() <= date.start():
-        return "constraint", slot("deadline", _qualifier(text, noun)), date.group(0)
+        return "constraint", with_topic(slot("deadline", _qualifier(text, noun)), text, date.group(0)), date.group(0)
     if _FUTURE.search(text) and _BY.search(text, 0, date.start()):  # "the customer wants the report by Monday"
         what = content_words(text[: date.start()], "need want must should will going expect plan got before")
-        return "constraint", slot("deadline", what), date.group(0)
+        return "constraint", with_topic(slot("deadline", what), text, date.group(0)), date.group(0)
     return None
 
 
@@ -203,14 +266,28 @@ _ADDRESS = re.compile(r"\b(?i:call me|address me as|i go by)\s+([A-Z][\w'-]*)")
 _USER_NAME = re.compile(r"\bmy name(?: is|['’]s)\s+([A-Z][\w'-]*)", re.I)
 _CALLED = re.compile(
     r"\b(?:the|our|this|my)\s+((?:[\w-]+\s+){0,2}?[\w-]+)\s+(?:is|will be)\s+(?:called|named|codenamed)\s+"
-    rf"({_IDENT}|[A-Z][\w-]*)",
+    rf"({_IDENT}|[A-Z][\w-]*)"
+    rf"|\bwe\s+(?:call|named?|refer to)\s+((?:the|our|this)\s+(?:[\w-]+\s+){{0,2}}?[\w-]+)\s+({_IDENT}|[A-Z][\w-]*)"
+    r"|\bcodenamed?[,:]?\s+(?:is\s+)?()([A-Z][\w-]*)"
+    rf"|\b(?:i(?:'ll| will)|we(?:'ll| will)|let's)\s+(?:name|call)\s+(?:the\s+|it\s+|this\s+)?([\w\s-]{{0,30}}?)\s*({_IDENT})",
     re.I,
 )
 _ASSIGNED = re.compile(
-    r"^(?:the|our|my|your)\s+((?:[\w-]+\s+){0,3}?(?:host|hostname|server|url|endpoint|database|db|bucket|branch"
-    r"|repo|repository|cluster|region|namespace|account|channel|email|domain|port|path|directory|folder|table"
-    r"|queue|topic|ip|address|id|username|env|environment|instance|image|tag|profile|project key|dataset))\s+"
+    r"(?:^|[,:;]\s*)(?:the|our|my|your)\s+((?:[\w-]+\s+){0,3}?(?:host|hostname|server|url|endpoint|database|db"
+    r"|bucket|branch|repo|repository|cluster|region|namespace|account|channel|email|domain|port|path|directory"
+    r"|folder|table|queue|topic|ip|address|id|username|env|environment|instance|image|tag|profile|project key"
+    r"|dataset|ticket|alias))(?:\s+(?:for|of|at|on)\s+[^,.;]{1,30}?)?\s+"
     rf"(?:is|will be|should be|=|:)\s+({_IDENT})",
+    re.I,
+)
+_PERSON = r"([A-Z][a-z'-]+(?:\s+[A-Z][a-z'-]+)?)"
+_CONTACT = re.compile(
+    rf"\bcontact\b[^.;]{{0,40}}?\bis\s+{_PERSON}"
+    r"|\b(?:deal with|talk to|work with|go through|report to)\s+([A-Z][a-z'-]+\s+[A-Z][a-z'-]+)"
+)
+_THING_ID = re.compile(
+    r"\b(?:the\s+)?(?:branch|ticket|host|bucket|cluster|channel|queue|repo|folder|directory|namespace)\s+"
+    r"([\w./:@#-]*[\d_/][\w./:@#-]*[\w/])",
     re.I,
 )
 _USE_ID = re.compile(
@@ -221,7 +298,7 @@ _USE_ID = re.compile(
     re.I,
 )
 _OWNER = re.compile(
-    r"^([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains|is responsible for|is in charge of|is on call for"
+    r"^(?:(?:from now on|going forward|now)[,\s]+)?([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains|is responsible for|is in charge of|is on call for"
     r"|takes care of|will review|will handle|should review)\s+([^.,;!?]{3,80})"
 )
 
@@ -242,18 +319,34 @@ def _lexicon_preference(text: str) -> Found | None:
     return None
 
 
+def _named(text: str, value: str) -> str:
+    return f"name {topic(text, value)}".strip()
+
+
 def _lexicon_name(text: str) -> Found | None:
     if user := _USER_NAME.search(text):
         return "name", "user name", user.group(1)
     if called := _CALLED.search(text):
-        return "name", "name " + content_words(called.group(1)), called.group(2)
+        what, name = [g for g in called.groups() if g is not None][:2]
+        return "name", f"name {topic(what)}".strip(), name
     if assigned := _ASSIGNED.search(text):
-        return "name", content_words(assigned.group(1)), assigned.group(2)
+        return "name", _named(text, assigned.group(2)), assigned.group(2)
+    if contact := _CONTACT.search(text):
+        person = contact.group(1) or contact.group(2)
+        return "name", f"contact {topic(text, person)}".strip(), person
     if used := _USE_ID.search(text):
-        return "name", content_words(used.group(1)), used.group(2)
+        return "name", _named(text, used.group(2)), used.group(2)
+    if (thing := _THING_ID.search(text)) and not (PAST.search(text) and not _STILL.search(text)):
+        return "name", _named(text, thing.group(1)), thing.group(1)
     if (owner := _OWNER.search(text)) and owner.group(1).lower() not in STOPWORDS:
-        return "decision", "owner " + content_words(f"{owner.group(2)} {owner.group(3)}"), owner.group(1)
+        return "decision", f"owner {_owned(owner.group(3))}", owner.group(1)
     return None
+
+
+def _owned(what: str) -> str:
+    """What is owned, its last word tagged with the one before ("backend PRs": ``pr@backend``)."""
+    words = [stem(w) for w in WORD.findall(what.lower()) if w not in STOPWORDS]
+    return f"{words[-1]}@{words[-2] if len(words) > 1 else ''}" if words else ""
 
 
 CONCEPTS: tuple[Callable[[str], Found | None], ...] = (

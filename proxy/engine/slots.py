@@ -20,8 +20,9 @@ patterns whose repetitions are bounded or separated by fixed characters.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
+from proxy.engine.cues import BROAD, labelled
 from proxy.engine.lexicon import (
     COMPARISON,
     CONCEPTS,
@@ -32,11 +33,14 @@ from proxy.engine.lexicon import (
     content_words,
     slot,
     stem,
+    with_topic,
 )
+from proxy.store.records import LEDGER_KINDS
 
 # What may come before the sentence proper: fillers ("ok, so"), and labels that announce it ("quick update:").
 _LEAD = re.compile(
-    r"(?:(?:ok(?:ay)?|so|and|but|also|actually|please|btw|fyi|ps|heads up|one more thing|just so you know)\b[\s,!.-]*"
+    r"(?:(?:ok(?:ay)?|so|and|but|also|actually|please|btw|fyi|ps|heads up|one more thing|just so you know"
+    r"|for the record|good news|by the way|oh|before i forget|separately|in other news|[\w-]+-wise)\b[\s,!.-]*"
     r"|(?:(?:quick|small|one more|another|an?)\s+)?(?:update|note|reminder|correction|important|change of plan)"
     r"\s*[:!-]+\s*)*",
     re.I,
@@ -101,7 +105,8 @@ _LIMIT_CONTEXT = re.compile(
     re.I,
 )
 _PREFER = re.compile(
-    r"\b(?:i(?:'d| would)?\s+(?:really\s+)?(?:prefer|rather)|i (?:like|love|hate) it when|my preference is)\s+"
+    r"\b(?:i(?:'d| would)?\s+(?:really\s+)?(?:prefer|rather(?!\s+(?:be|not|we|you|i|have|do|go|get|stay|keep)\b))"
+    r"|i (?:like|love|hate) it when|my preference is)\s+"
     r"(?:to\s+|that\s+)?([^.!?;,]{2,80})",
     re.I,
 )
@@ -141,7 +146,8 @@ def _rule(text: str) -> Found | None:
 
 def _goal(text: str) -> Found | None:
     if status := _STATUS.search(text):
-        return "goal", "status", (status.group(1) or "unblocked").strip()
+        value = (status.group(1) or "unblocked").strip()
+        return "goal", with_topic("status", text, value), value
     if goal := _GOAL.search(text) or _GOAL_LABEL.match(text):
         qualifier = (goal.group(1) or "").lower()
         which = "" if qualifier in NOT_QUALIFIER else stem(qualifier)
@@ -195,16 +201,31 @@ _QUESTION = re.compile(
 )
 
 
-def classify(sentence: str) -> Found | None:
-    """(kind, slot, value) of what ``sentence`` sets for the rest of the conversation; None for most sentences
-    (questions, thanks, discussion, numbers in passing), and for those whose slot came out empty."""
+def classify(sentence: str, kinds: Collection[str] = LEDGER_KINDS) -> Found | None:
+    """(kind, slot, value) of what ``sentence`` sets for the rest of the conversation, of one of ``kinds`` (who
+    said it decides what it may set); None for most sentences (questions, thanks, discussion, numbers in
+    passing), and for those whose slot came out empty. A sentence after a lead-in ("Legal was very clear
+    with us: customer data must stay …") is read again without it."""
     sentence = _EMPHASIS.sub("", sentence)  # "**Never** commit secrets"
     lead = _LEAD.match(sentence)
     body = sentence[lead.end() if lead else 0 :].strip()
     if len(body) < 6 or body.endswith("?") or _QUESTION.match(body):
         return None
-    for detect in (*CONCEPTS, *_CUES):
+    found = _detect(body, kinds)
+    if found is None and (colon := _LEAD_IN.match(body)):
+        found = _detect(body[colon.end() :], kinds)
+    return found
+
+
+_LEAD_IN = re.compile(r"^[^:;]{3,60}[:;]\s+(?=\S)")
+
+
+def _detect(body: str, kinds: Collection[str]) -> Found | None:
+    def label(text: str) -> Found | None:
+        return labelled(text, lambda rest: _detect(rest, kinds))
+
+    for detect in (*CONCEPTS, _limit, _rule, _goal, _preference, _decision, label, *BROAD):
         found = detect(body)
-        if found:
+        if found and found[0] in kinds:
             return found if found[1].strip() and found[2].strip() else None
     return None
