@@ -26,8 +26,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from proxy.engine.lexicon import COUNT_UNIT, DATE, DURATION, MONEY, PAST, SIZE, STOPWORDS, Found, content_words
-from proxy.engine.lexicon import topic
+from proxy.engine.lexicon import (
+    COUNT_UNIT,
+    DATE,
+    DURATION,
+    MONEY,
+    PAST,
+    SIZE,
+    STILL,
+    STOPWORDS,
+    Found,
+    content_words,
+    topic,
+)
 
 _PRESENTATION = re.compile(
     r"\b(?:answers?|repl(?:y|ies)|responses?|summar(?:y|ies)|reports?|estimates?|explanations?|dates?|times?"
@@ -53,17 +64,17 @@ _PROPER = re.compile(r"(?<=[\s,:;(])(?!I\b|I'|(?:Monday|Tuesday|Wednesday|Thursd
                      r"[A-Z][\w.+#-]*[A-Za-z0-9](?:\s+[A-Z][a-z]+)?")  # fmt: skip
 
 
-def typed_value(text: str) -> str | None:
-    """The first value in ``text`` that has a type an update can share: a date, money, a quantity, an
-    identifier, a name written with a capital inside the sentence."""
+def typed_value(text: str, start: int = 0) -> str | None:
+    """The first value in ``text`` from ``start`` that has a type an update can share: a date, money, a
+    quantity, an identifier, a name written with a capital inside the sentence."""
     for pattern in (DATE, MONEY, SIZE, DURATION, COUNT_UNIT, _IDENT, _PROPER):
-        if match := pattern.search(text):
+        if match := pattern.search(text, start):
             return match.group(0).strip()
     return None
 
 
-def _typed(kind: str, concept: str, sentence: str, rest: str) -> Found | None:
-    value = typed_value(rest)
+def _typed(kind: str, concept: str, sentence: str, start: int = 0) -> Found | None:
+    value = typed_value(sentence, start)
     return (kind, f"{concept} {topic(sentence, value)}".strip(), value) if value else None
 
 
@@ -78,7 +89,7 @@ _LABEL = re.compile(
     r"|^(?:(?:the|my|our|your)\s+)?(?:(?:current|next|new|main)\s+)?(?P<task>task|next up|next step)"
     r"(?:\s+for\s+(?:today|now|this week|the day))?\s*(?:is\s+|:\s*)(?P<trest>.{3,})"
     r"|^(?:what(?:'s| is) left|what remains|all that(?:'s| is) left)\s+(?:now\s+)?(?:is\s+|:\s*)(?P<lrest>.{3,})"
-    r"|^(?:(?:the|my|our)\s+)?plan(?P<plan>\s+for\s+[^:,]{1,40}?)?\s*(?:is\s+to\s+|:\s*)(?P<prest>.{3,})",
+    r"|^(?:(?:the|our)\s+)?plan(?P<plan>\s+for\s+[^:,]{1,40}?)?\s*(?:is\s+to\s+|:\s*)(?P<prest>.{3,})",
     re.I,
 )
 
@@ -92,7 +103,8 @@ def labelled(text: str, classify: Callable[[str], Found | None]) -> Found | None
         found = classify(rest)
         return found if found and found[0] in ("rule", "constraint") else _order("rule", rest)
     if rest := label.group("drest"):
-        return _typed("decision", "decision", text, rest) or ("decision", content_words(rest), rest.strip(" ."))
+        found = _typed("decision", "decision", text, label.start("drest"))
+        return found or ("decision", content_words(rest), rest.strip(" ."))
     if rest := label.group("trest") or label.group("lrest"):
         return "goal", "task", rest.strip(" .")
     rest = label.group("prest")
@@ -102,8 +114,9 @@ def labelled(text: str, classify: Callable[[str], Found | None]) -> Found | None
 # --- limits ------------------------------------------------------------------------------------------------
 
 _LIMIT_WORD = re.compile(
-    r"\b(?:only|limit|limited|cap|caps|capped|allowance|allows?|max(?:imum)?|minimum|at most|at least|must|has to"
-    r"|have to|needs? to|can't be|cannot be|no (?:more|bigger|larger|longer) than|bigger than|larger than|within)\b",
+    r"\b(?:only|upgraded to|raised to|lowered to|limit|limited|cap|caps|capped|allowance|allows?|max(?:imum)?"
+    r"|minimum|at most|at least|must|has to|have to|needs? to|can't be|cannot be|no (?:more|bigger|larger|longer)"
+    r" than|bigger than|larger than|within)\b",
     re.I,
 )
 
@@ -111,7 +124,9 @@ _LIMIT_WORD = re.compile(
 def limit(text: str) -> Found | None:
     """A quantity with a word of limit: "only have 4 GB of memory", "the memory limit is eight gigabytes"."""
     quantity = SIZE.search(text) or DURATION.search(text) or COUNT_UNIT.search(text)
-    if not quantity or not _LIMIT_WORD.search(text) or PAST.search(text) or "default" in text.lower():
+    if not quantity or not _LIMIT_WORD.search(text) or "default" in text.lower():
+        return None
+    if PAST.search(text) and not STILL.search(text):
         return None
     return "constraint", f"limit {topic(text, quantity.group(0))}".strip(), quantity.group(0)
 
@@ -138,8 +153,10 @@ _GENERIC_SUBJECT = re.compile(
     r"\s+(?!be\b|have\b|been\b)\w)",
     re.I,
 )
-_PLEASE = re.compile(r"^(?P<what>[^,]{3,80}?),?\s+please[.!]*$", re.I)
-_DETERMINER = frozenset("the a an this that it them me my your our his her its these those".split())
+_PLEASE = re.compile(r"^(?P<what>[^,]{3,80}?),?\s+please\b(?:[.!]*$|,)", re.I)
+_DETERMINER = frozenset(
+    ("the", "a", "an", "this", "that", "it", "them", "me", "my", "your", "our", "his", "her", "its", "these", "those")
+)
 
 
 def _imperative(text: str) -> bool:
@@ -147,7 +164,7 @@ def _imperative(text: str) -> bool:
     if not verb:
         return False
     word = verb.group(1).lower()
-    return word not in STOPWORDS and not word.endswith(("s", "ed", "ing", "ly")) or word.endswith("ss")
+    return (word not in STOPWORDS and not word.endswith(("s", "ed", "ing", "ly"))) or word.endswith("ss")
 
 
 def order(text: str) -> Found | None:
@@ -174,14 +191,19 @@ def _imperative_object(what: str) -> bool:
 
 # --- preferences -------------------------------------------------------------------------------------------
 
-_WHEN_YOU = re.compile(r"^when(?:ever)?\s+you\s+(?P<when>[^,]{3,60}?),?\s+(?P<then>(?:i|use|give|show|write|keep|put|make|say|quote)\b.{3,})", re.I)
+_WHEN_YOU = re.compile(
+    r"^when(?:ever)?\s+you\s+(?P<when>[^,]{3,60}?),?\s+(?P<then>(?:i|use|give|show|write|keep|put|make|say|quote)\b.{3,})",
+    re.I,
+)
 _LIKE = re.compile(
-    r"\bi\s+(?:really\s+|much\s+)?(?:like|love|want|prefer|'d like|would like|'d prefer|'d rather have)\s+"
+    r"\bi(?:\s+(?:really\s+|much\s+)?(?:like|love|want|prefer|would like)|'d\s+(?:like|prefer|rather have))\s+"
     r"(?!(?:the|a|an|to|your|my|this|that|it|them|him|her|us|our|their|you|me|some|more|his|its|if|when|how)\b)"
     r"(?P<what>[a-z][^.;!?]{2,80})",
     re.I,
 )
-_BETTER_FOR_ME = re.compile(r"^(?P<what>[^,]{3,40}?)\s+(?:works?|is|are)\s+(?:much\s+|a lot\s+)?(?:better|easier|nicer)\s+for me\b", re.I)
+_BETTER_FOR_ME = re.compile(
+    r"^(?P<what>[^,]{3,40}?)\s+(?:works?|is|are)\s+(?:much\s+|a lot\s+)?(?:better|easier|nicer)\s+for me\b", re.I
+)
 
 
 def preference(text: str) -> Found | None:
@@ -197,13 +219,14 @@ def preference(text: str) -> Found | None:
 # --- decisions ---------------------------------------------------------------------------------------------
 
 _SETTLED = re.compile(
-    r"(?:^|\b(?:we|they|i|everyone|the team)\s+(?:(?:all|finally|have|'ve|just)\s+)?)(?:settled|decided|agreed)\b"
+    r"(?:^|\b(?:we|they|i|everyone|the team)\s+(?!(?:never|not|haven't|didn't|hadn't)\b)(?:[a-z']+\s+)?)"
+    r"(?:settled|decided|agreed)\b"
     r"|\bit(?:'s| is| has been)\s+(?:settled|decided|agreed)\b",
     re.I,
 )
 _MOVED = re.compile(
-    r"\b(?:slipped|moved|pushed(?: back| out)?|postponed|rescheduled|delayed|brought forward|shifted|got pushed"
-    r"|booked|scheduled|set|fixed|planned)\s+(?:\w+\s+){0,3}?(?:to|for|on|until)\b",
+    r"\b(?:slipped|moved|pushed(?: back| out)?|postponed|rescheduled|delayed|brought forward|shifted)\b"
+    r"|\b(?:booked|scheduled|set|fixed|planned)\s+(?:\w+\s+){0,3}?(?:to|for|on|until)\b",
     re.I,
 )
 _UNTIL = re.compile(r"\b(?:keep|keeps|stay|stays|remain|remains|run|runs|alive|around)\b[^.;]{0,60}?\buntil\s", re.I)
@@ -219,15 +242,21 @@ def decision(text: str) -> Found | None:
     """A choice made: settled, booked, moved, kept until, run on; the value it set, typed."""
     if settled := _SETTLED.search(text):
         rest = text[settled.end() :]
-        return _typed("decision", "decision", text, rest) or ("decision", content_words(rest), rest.strip(" ,."))
-    if PAST.search(text) and not re.search(r"\bnow\b", text, re.I):
+        return _typed("decision", "decision", text, settled.end()) or (
+            "decision",
+            content_words(rest),
+            rest.strip(" ,."),
+        )
+    if (moved := _MOVED.search(text)) and (found := _typed("decision", "decision", text, moved.end())):
+        return found
+    if PAST.search(text) and not STILL.search(text):
         return None
-    for cue in (_MOVED, _UNTIL, _RUNS_ON, _LETS):
+    for cue in (_UNTIL, _RUNS_ON, _LETS):
         if match := cue.search(text):
-            found = _typed("decision", "decision", text, text[match.end() :] if cue is not _LETS else text)
+            found = _typed("decision", "decision", text, match.end() if cue is not _LETS else 0)
             if found:
                 return found
     return None
 
 
-BROAD: tuple[Callable[[str], Found | None], ...] = (limit, order, preference, decision)
+BROAD: tuple[Callable[[str], Found | None], ...] = (order, preference, decision)

@@ -60,12 +60,15 @@ def content_words(text: str, drop: str = "") -> str:
     return " ".join(sorted(w for w in words - dropped if w and w not in STOPWORDS))
 
 
-THINGS = frozenset(
-    """host hostnam server databas db branch ticket cluster bucket channel repo folder directory path queue tabl
-    alias email domain url endpoint namespac region imag port modul""".split()
-)
+THINGS = frozenset(  # kinds of thing that get a name or an identifier, stemmed
+    (
+        "host", "hostnam", "server", "databas", "db", "branch", "ticket", "cluster", "bucket", "channel", "repo",
+        "folder", "directory", "path", "queue", "tabl", "alias", "email", "domain", "url", "endpoint", "namespac",
+        "region", "imag", "port", "modul",
+    )
+)  # fmt: skip
 _GENERIC = """
-budget spend spending cost bill fee allowance cap limit deadline date name thing stuff value number amount
+budget spend spending cost fee allowance cap limit deadline date name thing stuff value number amount
 total whole overall hard soft final new old current main big small quick good news record note update
 month week day year quarter sprint today tomorrow time times hour minute morning afternoon evening night
 customer client user team people peopl everyone anyone someone somebody nobody finance legal manager boss
@@ -76,9 +79,11 @@ well also really still just even either anymore instead now again after first la
 simple separately actually probably basically definitely clear very pretty rather near far currently
 due finish finished complete done codename codenamed called named mention give talk write show quote summarise
 move moved slip slipped push pushed postpone shift change raise lower cut bump drop upgrade upgraded
-requirement rule policy constraint goal task status decision prefer owner use wait block stuck
+requirement rule policy constraint goal task status decision prefer owner use wait block stuck settle
+settled agree agreed decide decided
 """
 GENERIC = frozenset(stem(w) for w in _GENERIC.split()) | frozenset(_GENERIC.split())
+
 
 def topic(text: str, value: str = "") -> str:
     """The topic words of ``text`` (without its ``value``): stemmed content words, generic ones left out, a kind
@@ -114,13 +119,13 @@ _NW = (
     r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million)"
 )
 NUMBER = rf"(?:\d[\d,]*(?:\.\d+)?|{_NW}(?:[\s-]+(?:and[\s-]+)?{_NW}){{0,4}})"  # "5", "five hundred"
-SIZE = re.compile(
-    rf"\b{NUMBER}\s?(?:gb|mb|kb|tb|gib|mib|(?:giga|mega|kilo|tera)?bytes?)\b", re.I
-)
+SIZE = re.compile(rf"\b{NUMBER}\s?(?:gb|mb|kb|tb|gib|mib|(?:giga|mega|kilo|tera)?bytes?)\b", re.I)
 DURATION = re.compile(
     rf"\b{NUMBER}\s?(?:ms|milliseconds?|secs?|seconds?|mins?|minutes?|hrs?|hours?|days?|weeks?|months?)\b", re.I
 )
-COUNT_UNIT = re.compile(rf"\b{NUMBER}\s+(?:[A-Za-z]+\s+)?([a-z]+s)\b", re.I)  # "5 attempts", "10,000 API calls"
+COUNT_UNIT = re.compile(
+    rf"\b{NUMBER}\s+(?:(?-i:[A-Z]{{2,}})\s+)?([a-z]{{2,}}s)\b", re.I
+)  # "5 attempts", "10,000 API calls"
 MONEY = re.compile(
     r"[$€£]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|thousand|million)\b)?"
     r"|\b\d[\d,]*(?:\.\d+)?\s?(?:k|m)?\s?(?:dollars|usd|eur|euros?|gbp|pounds|bucks)\b"
@@ -174,7 +179,11 @@ NORMATIVE = re.compile(
 PAST = re.compile(
     r"\b(?:was|were|had|did|got|went|ran|spent|yesterday|last (?:week|time|month|year|night|run))\b", re.I
 )
-_STILL = re.compile(r"\b(?:now|from now on|going forward|still|must|should|keep|stay)\b", re.I)
+STILL = re.compile(  # said of the past, but holding now: "the runners were upgraded to 8 GB"
+    r"\b(?:now|from now on|going forward|still|must|should|keep|stay)\b"
+    r"|\b(?:upgraded|raised|lowered|increased|reduced|bumped|cut|changed|moved)\s+(?:\w+\s+){0,3}?to\b",
+    re.I,
+)
 _QUALIFIED_BY = re.compile(r"\s+(?:for|on)\s+(?:the\s+|our\s+|all\s+)?([a-z][\w-]*)", re.I)
 
 
@@ -194,7 +203,7 @@ def slot(concept: str, qualifier: str) -> str:
 
 def _budget(text: str) -> Found | None:
     money, noun = MONEY.search(text), _BUDGET_WORD.search(text)
-    if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not _STILL.search(text)):
+    if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not STILL.search(text)):
         return None
     value = money.group(0).strip()
     return "constraint", with_topic(slot("budget", _qualifier(text, noun)), text, value), value
@@ -228,7 +237,10 @@ _PIN = re.compile(
     rf"|\bpin\s+{_TOOL}\s+(?:to|at)\s+{_VERSION}"
     rf"|\b(?:upgrade|move|switch|migrate|bump|downgrade)\s+(?:\w+\s+)?to\s+{_TOOL}\s+{_VERSION}"
     rf"|^(?:only\s+)?(?:use|target|require)\s+{_TOOL}\s+{_VERSION}"
-    rf"|\b{_TOOL}\s+(?:version\s+)?(?:must|has to|needs to)\s+(?:be|stay)\s+(?:at\s+|on\s+)?{_VERSION}",
+    rf"|\b{_TOOL}\s+(?:version\s+)?(?:must|has to|needs to)\s+(?:be|stay)\s+(?:at\s+|on\s+)?{_VERSION}"
+    rf"|\b(?:floor|minimum|baseline)\s+(?:is|stays|remains)\s+{_TOOL}\s+{_VERSION}"
+    rf"|\b{_TOOL}\s+{_VERSION}\s+(?:is|as)\s+(?:the\s+|our\s+)?(?:new\s+)?(?:minimum|floor|baseline)"
+    rf"|\b(?:run|running|runs|work|working|support|supports|supporting)\s+(?:on\s+)?{_TOOL}\s+{_VERSION}",
     re.I,
 )
 
@@ -254,12 +266,32 @@ _LANGUAGE = re.compile(
     re.I,
 )
 _LENGTH = re.compile(
-    r"\b(?:keep|make)\s+(?:your\s+|the\s+|all\s+)?(?:answers?|responses?|replies|explanations?|it|them)\s+"
+    r"\b(?:keep|make)\s+(?:your\s+|the\s+|all\s+)?(?:[a-z]+\s+)?(answers?|responses?|replies|explanations?|reports?"
+    r"|summar(?:y|ies)|updates|messages|it|them)\s+"
     r"((?:short|brief|concise|terse|detailed|long|thorough|shorter|longer)\b|under \d+ words)"
     r"|\bbe\s+(?:more\s+|very\s+)?(concise|brief|terse|detailed|verbose|thorough)\b"
     r"|^(short|brief|concise|detailed|longer|shorter)\s+(?:answers|responses|replies)\b",
     re.I,
 )
+_FORMAT = re.compile(
+    r"\b(?:(?:short|plain|simple|long|numbered|nested|flat)\s+)?(?:bullet points|bullet lists?|bullets|numbered lists"
+    r"|lists|tables|paragraphs|prose|plain text|headings)\b",
+    re.I,
+)
+_FORMAT_CONTEXT = re.compile(r"\b(?:prefer|like|want|use|write|drop|give|instead|better|easier|format|style)\b", re.I)
+_REFUSED = re.compile(r"\b(?:drop|no|without|not|avoid|stop|skip)\s+(?:the\s+|using\s+|with\s+)?$", re.I)
+
+
+def _format(text: str) -> str | None:
+    """The answer format asked for: the one preferred over another ("tables work better than lists"), else
+    the last one not refused ("drop the lists, write plain paragraphs instead")."""
+    forms = [m for m in _FORMAT.finditer(text) if not _REFUSED.search(text, 0, m.start())]
+    if not forms:
+        return None
+    preferred = [m for m in forms if re.match(r"[^.;]{0,30}?\bthan\b", text[m.end() :])]
+    return (preferred or forms)[0 if preferred else -1].group(0)
+
+
 _INDENT = re.compile(r"\b(tabs|\d+[- ]space(?:s)?(?: indent(?:ation)?)?|spaces)\b", re.I)
 _INDENT_CONTEXT = re.compile(r"\b(?:prefer|use|indent(?:ation)?|always|format)\b", re.I)
 _ADDRESS = re.compile(r"\b(?i:call me|address me as|i go by)\s+([A-Z][\w'-]*)")
@@ -267,9 +299,11 @@ _USER_NAME = re.compile(r"\bmy name(?: is|['’]s)\s+([A-Z][\w'-]*)", re.I)
 _CALLED = re.compile(
     r"\b(?:the|our|this|my)\s+((?:[\w-]+\s+){0,2}?[\w-]+)\s+(?:is|will be)\s+(?:called|named|codenamed)\s+"
     rf"({_IDENT}|[A-Z][\w-]*)"
-    rf"|\bwe\s+(?:call|named?|refer to)\s+((?:the|our|this)\s+(?:[\w-]+\s+){{0,2}}?[\w-]+)\s+({_IDENT}|[A-Z][\w-]*)"
-    r"|\bcodenamed?[,:]?\s+(?:is\s+)?()([A-Z][\w-]*)"
-    rf"|\b(?:i(?:'ll| will)|we(?:'ll| will)|let's)\s+(?:name|call)\s+(?:the\s+|it\s+|this\s+)?([\w\s-]{{0,30}}?)\s*({_IDENT})",
+    r"|\bwe\s+(?:call|named?|refer to)\s+((?:the|our|this)\s+(?:[\w-]+\s+){0,2}?[\w-]+)\s+"
+    rf"({_IDENT}|(?-i:[A-Z])[\w-]*)"
+    r"|\bcodenamed?[,:]?\s+(?:is\s+)?()((?-i:[A-Z])[\w-]*)"
+    r"|\b(?:i(?:'ll| will)|we(?:'ll| will)|let's)\s+(?:name|call)\s+(?:the\s+|it\s+|this\s+)?([\w\s-]{0,30}?)\s*"
+    rf"({_IDENT})",
     re.I,
 )
 _ASSIGNED = re.compile(
@@ -298,8 +332,9 @@ _USE_ID = re.compile(
     re.I,
 )
 _OWNER = re.compile(
-    r"^(?:(?:from now on|going forward|now)[,\s]+)?([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains|is responsible for|is in charge of|is on call for"
-    r"|takes care of|will review|will handle|should review)\s+([^.,;!?]{3,80})"
+    r"^(?:(?i:from now on|going forward|now)[,\s]+)?([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains"
+    r"|is responsible for|is in charge of|is on call for|takes care of|will review|will handle|should review)"
+    r"\s+([^.,;!?]{3,80})"
 )
 
 
@@ -311,7 +346,11 @@ def _lexicon_preference(text: str) -> Found | None:
     if language := _LANGUAGE.search(text):
         return "preference", "language", language.group(1)
     if length := _LENGTH.search(text):
-        return "preference", "answer length", next(g for g in length.groups() if g)
+        what, value = (length.group(1) or "answer").lower(), next(g for g in length.groups()[1:] if g)
+        answer = what.startswith(("answer", "respons", "repl", "it", "them"))
+        return "preference", "answer length" if answer else f"length {stem(what)}", value
+    if (form := _format(text)) and _FORMAT_CONTEXT.search(text):
+        return "preference", "format", form
     if (indent := _INDENT.search(text)) and _INDENT_CONTEXT.search(text):
         return "preference", "indentation", indent.group(1)
     if address := _ADDRESS.search(text):
@@ -328,7 +367,7 @@ def _lexicon_name(text: str) -> Found | None:
         return "name", "user name", user.group(1)
     if called := _CALLED.search(text):
         what, name = [g for g in called.groups() if g is not None][:2]
-        return "name", f"name {topic(what)}".strip(), name
+        return "name", f"name {topic(what or text, name)}".strip(), name
     if assigned := _ASSIGNED.search(text):
         return "name", _named(text, assigned.group(2)), assigned.group(2)
     if contact := _CONTACT.search(text):
@@ -336,7 +375,7 @@ def _lexicon_name(text: str) -> Found | None:
         return "name", f"contact {topic(text, person)}".strip(), person
     if used := _USE_ID.search(text):
         return "name", _named(text, used.group(2)), used.group(2)
-    if (thing := _THING_ID.search(text)) and not (PAST.search(text) and not _STILL.search(text)):
+    if (thing := _THING_ID.search(text)) and not (PAST.search(text) and not STILL.search(text)):
         return "name", _named(text, thing.group(1)), thing.group(1)
     if (owner := _OWNER.search(text)) and owner.group(1).lower() not in STOPWORDS:
         return "decision", f"owner {_owned(owner.group(3))}", owner.group(1)

@@ -1,20 +1,23 @@
 """What one sentence sets for the rest of a conversation: its kind, its slot and its value (``proxy.engine.ledger``).
 
 A standing instruction is kept as (kind, slot, value): the slot says what it is about, so that a later sentence
-about the same thing replaces it even in other words, and the value is the part such an update changes. Two
-routes lead to a slot, tried in this order:
+about the same thing replaces it even in other words (``proxy.engine.topics``), and the value is the part such
+an update changes. Three routes lead to a slot, tried in this order:
 
 * **The lexicon** (``proxy.engine.lexicon.CONCEPTS``): things users restate in many words (a budget, a deadline,
-  units, the answer's language or length, a pinned version, the user's name, who owns what) map to one concept,
-  plus the qualifier that keeps two of them apart ("the travel budget" is not "the marketing budget").
+  units, the answer's language, length or format, a pinned version, the user's name, what a thing is called,
+  who the contact is, who owns what) map to one concept, plus the qualifier that keeps two of them apart ("the
+  travel budget" is not "the marketing budget") and the topic words an update in other words can share.
 * **The cues** (``_CUES``): sentences that set a limit with a quantity (constraint), say *always/never/must*
   or lift such an order (rule), state a goal or the task's state, a preference or a decision. Their slot is
   their content words (``lexicon.content_words``: stopwords, values and cue words removed, stemmed, sorted), so
   that restating the same thing with another value ("you may push to main now") lands on the same slot.
+* **The shapes** (``proxy.engine.cues``): labels, imperatives with a habit, obligations of a generic subject,
+  bare preferences, decisions booked, moved or kept until a date: the many phrasings no concept names.
 
-Most sentences match nothing: questions, thanks, discussion and numbers in passing are no instructions, and each
-item costs room in every request. Everything here runs on one sentence of at most ~300 characters, with
-patterns whose repetitions are bounded or separated by fixed characters.
+Most sentences match nothing: questions, thanks, discussion, one-off requests and numbers in passing are no
+instructions, and each item costs room in every request. Everything here runs on one sentence of at most ~300
+characters, with patterns whose repetitions are bounded or separated by fixed characters.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection
 
-from proxy.engine.cues import BROAD, labelled
+from proxy.engine.cues import BROAD, labelled, limit
 from proxy.engine.lexicon import (
     COMPARISON,
     CONCEPTS,
@@ -79,7 +82,8 @@ _RELEASED = re.compile(
 )
 _GOAL = re.compile(
     r"\b(?:the|our|my|main|primary|current|overall|end|final)\s+(?:([\w-]+)\s+)?(?:goal|aim|objective|mission"
-    r"|priority|task|focus)\s+(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?([^.!?]{3,120})",
+    r"|priority|task|focus)\s+(?:for\s+[^,:.]{1,40}?\s+)?(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?"
+    r"([^.!?]{3,120})",
     re.I,
 )
 _GOAL_LABEL = re.compile(
@@ -224,7 +228,7 @@ def _detect(body: str, kinds: Collection[str]) -> Found | None:
     def label(text: str) -> Found | None:
         return labelled(text, lambda rest: _detect(rest, kinds))
 
-    for detect in (*CONCEPTS, _limit, _rule, _goal, _preference, _decision, label, *BROAD):
+    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, *BROAD):
         found = detect(body)
         if found and found[0] in kinds:
             return found if found[1].strip() and found[2].strip() else None
