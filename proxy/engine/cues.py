@@ -133,8 +133,9 @@ def limit(text: str) -> Found | None:
 
 # --- orders ------------------------------------------------------------------------------------------------
 
-_HABIT = re.compile(
-    r"\b(?:every|each|always|whenever|at all times|from now on|going forward|in (?:the )?future|anymore)\b"
+_HABIT = re.compile(  # "for every request that failed" is one set of things, "before every commit" a habit
+    r"(?<!for )\b(?:every|each)\b(?!(?:\s+[\w-]+){1,2}\s+(?:that|which|you|we|i|they)\b)"
+    r"|\b(?:always|whenever|at all times|from now on|going forward|in (?:the )?future|anymore)\b"
     r"|\b(?:in|on|for|to) (?:anything|everything)\b",
     re.I,
 )
@@ -149,8 +150,8 @@ _NOBODY = re.compile(
 _NO_NOUN = re.compile(r"(?:^|[:;]\s*)no\s+(?:new\s+|direct\s+|more\s+)?[a-z]{3,}s\b(?!\s+(?:is|are|was)\b)", re.I)
 _GENERIC_SUBJECT = re.compile(
     r"^(?:(?:every|each|all|any)\s+[\w'/-]+(?:\s+[\w'/-]+)?\s+(?:needs?|requires?|gets?|must|should|has to)\b"
-    r"|(?!(?:i|we|i'm|we're|it|this|that|there)\b)(?:[\w'/-]+\s+){1,4}?(?:should|has to|have to|needs to)"
-    r"\s+(?!be\b|have\b|been\b)\w)",
+    r"|(?:you|everyone|everybody|(?:[\w'/-]+\s+){0,3}(?!this\b|its\b|his\b|is\b|was\b|us\b)[\w'/-]*[^\Ws]s)\s+"
+    r"(?:should|has to|have to|needs? to)\s+(?!be\b|have\b|been\b)\w)",
     re.I,
 )
 _PLEASE = re.compile(r"^(?P<what>[^,]{3,80}?),?\s+please\b(?:[.!]*$|,)", re.I)
@@ -226,13 +227,14 @@ _SETTLED = re.compile(
 )
 _MOVED = re.compile(
     r"\b(?:slipped|moved|pushed(?: back| out)?|postponed|rescheduled|delayed|brought forward|shifted)\b"
-    r"|\b(?:booked|scheduled|set|fixed|planned)\s+(?:\w+\s+){0,3}?(?:to|for|on|until)\b",
+    r"|\b(?:booked|scheduled|planned)\s+(?:\w+\s+){0,3}?(?:to|for|on|until)\b",
     re.I,
 )
+_PAST_TIME = re.compile(r"\b(?:yesterday|last (?:week|time|month|year|night|run|sprint)|ago|back then)\b", re.I)
 _UNTIL = re.compile(r"\b(?:keep|keeps|stay|stays|remain|remains|run|runs|alive|around)\b[^.;]{0,60}?\buntil\s", re.I)
 _RUNS_ON = re.compile(
     r"\b(?:will|'ll|is going to|are going to)\s+(?:use|run on|be built (?:with|on)|be hosted on|move to|switch to"
-    r"|go with|be)\s+|\b(?:moves|switches|migrates|goes|moved|switched|migrated)\s+to\s+",
+    r"|go with|be)\s+|\b(?:moves|switches|migrates|goes)\s+to\s+",
     re.I,
 )
 _LETS = re.compile(r"^let(?:'s| us)\s+\w+|\bi(?:'ve| have)\s+(?:set|configured|changed|lowered|raised)\b", re.I)
@@ -247,6 +249,8 @@ def decision(text: str) -> Found | None:
             content_words(rest),
             rest.strip(" ,."),
         )
+    if _PAST_TIME.search(text):
+        return None  # "the build moved to GitHub Actions last year": history, not a choice in force
     if (moved := _MOVED.search(text)) and (found := _typed("decision", "decision", text, moved.end())):
         return found
     if PAST.search(text) and not STILL.search(text):

@@ -240,7 +240,8 @@ _PIN = re.compile(
     rf"|\b{_TOOL}\s+(?:version\s+)?(?:must|has to|needs to)\s+(?:be|stay)\s+(?:at\s+|on\s+)?{_VERSION}"
     rf"|\b(?:floor|minimum|baseline)\s+(?:is|stays|remains)\s+{_TOOL}\s+{_VERSION}"
     rf"|\b{_TOOL}\s+{_VERSION}\s+(?:is|as)\s+(?:the\s+|our\s+)?(?:new\s+)?(?:minimum|floor|baseline)"
-    rf"|\b(?:run|running|runs|work|working|support|supports|supporting)\s+(?:on\s+)?{_TOOL}\s+{_VERSION}",
+    r"|\b(?:must|has to|have to|needs? to|should|keep|still|only)\s+(?:\w+\s+)?(?:run|running|work|working|support"
+    rf"|supporting)\s+(?:on\s+)?{_TOOL}\s+{_VERSION}",
     re.I,
 )
 
