@@ -53,8 +53,8 @@ def value_type(value: str, concept: str) -> str:
         return "count " + stem(count.group(1).lower())
     if _IDENT.fullmatch(value.strip("`\"' ")):
         return "identifier"
-    if _PROPER.fullmatch(value.strip()):
-        return "proper"
+    if _PROPER.fullmatch(value.strip()):  # who (a contact, an owner) is not what (a product, a place)
+        return "person" if concept in ("contact", "owner") else "proper"
     return "text"
 
 
