@@ -4,13 +4,13 @@ A long session's rules ("never push to main"), hard constraints ("budget cap is 
 task state, decisions and names are stated once and acted on without being asked about again, so a summary that
 keeps a few facts by score loses most of them. The ledger keeps each as an item (``proxy.store.records.
 LedgerItem``) with the message it came from, replaces it when a later statement updates it, also in other words
-(``proxy.engine.slots``: the same kind family and slot), and is forwarded as one block right after the
-instructions once compaction has started.
+(``proxy.engine.topics``: the same kind family and slot, or the same topic with a value of the same type), and
+is forwarded as one block right after the instructions once compaction has started.
 
 This module is the deterministic core, with no store and no I/O:
 
-* ``extract``: the standing instructions in one message's text, by who said it (the agent may set decisions and
-  names; tool output is untrusted and sets nothing; an instruction override is never an item);
+* ``extract``: the standing instructions in one message's text, by who said it (the agent may set its plan or
+  task state, decisions and names; tool output is untrusted and sets nothing; an instruction override is never an item);
 * ``reconcile``: which of them to add, and which current items each one supersedes;
 * ``select``: the current items that fit a token budget, most important first when it must shrink, returned
   in source order so that the block only grows at its end (prompt caches keep its prefix);
@@ -28,11 +28,17 @@ from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
 from proxy.engine.slots import classify
+from proxy.engine.topics import same_topic
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
 
 MAX_INPUT_CHARS = 20_000  # a message's standing instructions are in its prose, not in a pasted megabyte
-SETTERS = {"user": LEDGER_KINDS, "system": LEDGER_KINDS, "developer": LEDGER_KINDS, "assistant": ("decision", "name")}
+SETTERS = {
+    "user": LEDGER_KINDS,
+    "system": LEDGER_KINDS,
+    "developer": LEDGER_KINDS,
+    "assistant": ("goal", "decision", "name"),
+}
 # Kinds that can update each other: "you may push to main now" (a rule) lifts "never push to main", and
 # "keep p99 under 200 ms" is a limit whichever of the two a phrasing lands on.
 FAMILY = {"rule": "rule", "constraint": "rule", "preference": "preference", "goal": "goal", "decision": "decision",
@@ -66,8 +72,8 @@ def extract(text: str, role: str) -> list[Statement]:
     for sentence in sentences(prose):
         if is_instruction_override(sentence):
             continue
-        classified = classify(sentence)
-        if classified is None or classified[0] not in kinds:
+        classified = classify(sentence, kinds)
+        if classified is None:
             continue
         kind, slot, value = classified
         if MARKER in value or KNOWN_MARKER in value:
@@ -78,8 +84,15 @@ def extract(text: str, role: str) -> list[Statement]:
 
 
 def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
-    """Whether ``new`` replaces ``old``: the same thing (kind family and slot), said later."""
-    return FAMILY.get(new.kind) == FAMILY.get(old.kind) and new.slot == old.slot
+    """Whether ``new`` replaces ``old``: the same thing, said later: the same kind family and slot key, or
+    (``proxy.engine.topics``) the same topic with a value of the same type."""
+    if FAMILY.get(new.kind) == FAMILY.get(old.kind) and _key(new.slot) == _key(old.slot):
+        return True
+    return same_topic((new.kind, new.slot, new.value), (old.kind, old.slot, old.value))
+
+
+def _key(slot: str) -> str:
+    return slot.partition(" ~ ")[0]
 
 
 def _repeats(new: Statement, old: Statement | LedgerItem) -> bool:

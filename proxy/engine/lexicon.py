@@ -39,7 +39,7 @@ STOPWORDS = frozenset(_STOPWORDS.split())
 _CANONICAL = {"respons": "answer", "reply": "answer", "repli": "answer", "repository": "repo", "attempt": "retry",
               "retri": "retry", "touch": "edit", "modifi": "edit", "modify": "edit", "chang": "edit",
               "alter": "edit"}  # fmt: skip
-_WORD = re.compile(r"[a-z][a-z0-9'_-]*")
+WORD = re.compile(r"[a-z][a-z0-9'_-]*")
 
 
 def stem(word: str) -> str:
@@ -55,9 +55,57 @@ def stem(word: str) -> str:
 def content_words(text: str, drop: str = "") -> str:
     """The words ``text`` is about, as a slot: stopwords and the words of ``drop`` (values, cues) removed,
     stemmed, deduplicated and sorted, so that word order and inflection do not change it."""
-    dropped = {stem(w) for w in _WORD.findall(drop.lower())}
-    words = {stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS}
+    dropped = {stem(w) for w in WORD.findall(drop.lower())}
+    words = {stem(w) for w in WORD.findall(text.lower()) if w not in STOPWORDS}
     return " ".join(sorted(w for w in words - dropped if w and w not in STOPWORDS))
+
+
+THINGS = frozenset(  # kinds of thing that get a name or an identifier, stemmed
+    (
+        "host", "hostnam", "server", "databas", "db", "branch", "ticket", "cluster", "bucket", "channel", "repo",
+        "folder", "directory", "path", "queue", "tabl", "alias", "email", "domain", "url", "endpoint", "namespac",
+        "region", "imag", "port", "modul",
+    )
+)  # fmt: skip
+_GENERIC = """
+budget spend spending cost fee allowance cap limit deadline date name thing stuff value number amount
+total whole overall hard soft final new old current main big small quick good news record note update
+month week day year quarter sprint today tomorrow time times hour minute morning afternoon evening night
+customer client user team people peopl everyone anyone someone somebody nobody finance legal manager boss
+company they them she he her him one two ways way bit lot kind sort part piece case point
+get got give gave keep kept stay remain make made take took put set use using run runn go goe going went come
+came want like need say said tell told ask know think see look work worked call let plan done do
+well also really still just even either anymore instead now again after first last next rest same
+simple separately actually probably basically definitely clear very pretty rather near far currently
+due finish finished complete done codename codenamed called named mention give talk write show quote summarise
+move moved slip slipped push pushed postpone shift change raise lower cut bump drop upgrade upgraded
+requirement rule policy constraint goal task status decision prefer owner use wait block stuck settle
+settled agree agreed decide decided
+"""
+GENERIC = frozenset(stem(w) for w in _GENERIC.split()) | frozenset(_GENERIC.split())
+
+
+def topic(text: str, value: str = "") -> str:
+    """The topic words of ``text`` (without its ``value``): stemmed content words, generic ones left out, a kind
+    of thing with the word before it (``host@stag``); deduplicated and sorted."""
+    words = WORD.findall(text.replace(value, " ").lower() if value else text.lower())
+    out: set[str] = set()
+    for i, word in enumerate(words):
+        stemmed = stem(word)
+        if word in STOPWORDS or stemmed in GENERIC:
+            continue
+        if stemmed in THINGS:
+            before = words[i - 1] if i else ""
+            qualifier = "" if before in STOPWORDS or stem(before) in GENERIC else stem(before)
+            stemmed = f"{stemmed}@{qualifier}"
+        out.add(stemmed)
+    return " ".join(sorted(out))
+
+
+def with_topic(key: str, text: str, value: str) -> str:
+    """A concept's slot ``key`` with the topic words of ``text`` after " ~ " (``proxy.engine.topics``)."""
+    words = topic(text, value)
+    return f"{key} ~ {words}" if words else key
 
 
 # --- values ------------------------------------------------------------------------------------------------
@@ -66,6 +114,18 @@ _NUMBER_WORD = (
     r"(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty"
     r"|sixty|seventy|eighty|ninety|hundred|thousand|million|a|and)"
 )
+_NW = (
+    r"(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen"
+    r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million)"
+)
+NUMBER = rf"(?:\d[\d,]*(?:\.\d+)?|{_NW}(?:[\s-]+(?:and[\s-]+)?{_NW}){{0,4}})"  # "5", "five hundred"
+SIZE = re.compile(rf"\b{NUMBER}\s?(?:gb|mb|kb|tb|gib|mib|(?:giga|mega|kilo|tera)?bytes?)\b", re.I)
+DURATION = re.compile(
+    rf"\b{NUMBER}\s?(?:ms|milliseconds?|secs?|seconds?|mins?|minutes?|hrs?|hours?|days?|weeks?|months?)\b", re.I
+)
+COUNT_UNIT = re.compile(
+    rf"\b{NUMBER}\s+(?:(?-i:[A-Z]{{2,}})\s+)?([a-z]{{2,}}s)\b", re.I
+)  # "5 attempts", "10,000 API calls"
 MONEY = re.compile(
     r"[$€£]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|thousand|million)\b)?"
     r"|\b\d[\d,]*(?:\.\d+)?\s?(?:k|m)?\s?(?:dollars|usd|eur|euros?|gbp|pounds|bucks)\b"
@@ -73,11 +133,18 @@ MONEY = re.compile(
     re.I,
 )
 _MONTH = r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"  # noqa: E501
+_ORDINAL = (
+    r"(?:(?:twenty|thirty)[\s-]?)?(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
+    r"|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|thirtieth)"
+)
 DATE = re.compile(
     rf"\b{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}\b"
     r"|\b\d{4}-\d\d-\d\d\b|\b(?:next\s+)?(?:mon|tues|wednes|thurs|fri|satur|sun)day\b|\bend of (?:the )?"
     r"(?:day|week|month|quarter|year|sprint|q[1-4])\b|\b(?:eod|eow|tomorrow|tonight)\b|\bnext (?:week|month)\b"
-    r"|\bq[1-4]\b",
+    r"|\bq[1-4]\b"
+    rf"|\b(?:the\s+)?{_ORDINAL}\s+of\s+{_MONTH}\b|\b(?:end|start|beginning|middle) of {_MONTH}\b"
+    r"|(?:(?<=until )|(?<=till )|(?<=by )|(?<=in )|(?<=before )|(?<=after ))(?:january|february|march|april|june"
+    r"|july|august|september|october|november|december)\b",
     re.I,
 )
 _QUANTITY = (
@@ -102,7 +169,7 @@ deadline hard final set raise lower increase cut reduce change changed moved mov
 main primary current overall end new updated
 """
 NOT_QUALIFIER = STOPWORDS | frozenset(_NOT_QUALIFIER.split())
-_BUDGET_WORD = re.compile(r"\b(budget|spend|spending|cost|costs|expenses?|cap|allowance|ceiling)\b", re.I)
+_BUDGET_WORD = re.compile(r"\b(budget|spend|spending|cost|costs|expenses?|cap|allowance|ceiling|bill|fees?)\b", re.I)
 NORMATIVE = re.compile(
     r"\b(?:budget|cap|capped|limit|allowance|ceiling|under|below|within|max(?:imum)?|at most|no more than"
     r"|keep|stay|must|should|not exceed|up to|can spend)\b",
@@ -112,13 +179,17 @@ NORMATIVE = re.compile(
 PAST = re.compile(
     r"\b(?:was|were|had|did|got|went|ran|spent|yesterday|last (?:week|time|month|year|night|run))\b", re.I
 )
-_STILL = re.compile(r"\b(?:now|from now on|going forward|still|must|should|keep|stay)\b", re.I)
+STILL = re.compile(  # said of the past, but holding now: "the runners were upgraded to 8 GB"
+    r"\b(?:now|from now on|going forward|still|must|should|keep|stay)\b"
+    r"|\b(?:upgraded|raised|lowered|increased|reduced|bumped|cut|changed|moved)\s+(?:\w+\s+){0,3}?to\b",
+    re.I,
+)
 _QUALIFIED_BY = re.compile(r"\s+(?:for|on)\s+(?:the\s+|our\s+|all\s+)?([a-z][\w-]*)", re.I)
 
 
 def _qualifier(text: str, noun: re.Match[str]) -> str:
     """The word that says *which* one: right before the concept's noun ("travel budget"), or after "for/on"."""
-    before = _WORD.findall(text[: noun.start()].lower())[-2:]
+    before = WORD.findall(text[: noun.start()].lower())[-2:]
     if before[-1:] in (["is"], ["are"]):
         before = before[:-1]  # "the report is due"
     after = _QUALIFIED_BY.match(text, noun.end())
@@ -132,9 +203,10 @@ def slot(concept: str, qualifier: str) -> str:
 
 def _budget(text: str) -> Found | None:
     money, noun = MONEY.search(text), _BUDGET_WORD.search(text)
-    if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not _STILL.search(text)):
+    if not money or not noun or not NORMATIVE.search(text) or (PAST.search(text) and not STILL.search(text)):
         return None
-    return "constraint", slot("budget", _qualifier(text, noun)), money.group(0).strip()
+    value = money.group(0).strip()
+    return "constraint", with_topic(slot("budget", _qualifier(text, noun)), text, value), value
 
 
 _FUTURE = re.compile(r"\b(?:needs?|must|should|has to|have to|will|wants?|going to|expects?|plans?|got to)\b", re.I)
@@ -151,10 +223,10 @@ def _deadline(text: str) -> Found | None:
     if not date:
         return None
     if (noun := _DEADLINE_WORD.search(text)) and noun.start() <= date.start():
-        return "constraint", slot("deadline", _qualifier(text, noun)), date.group(0)
+        return "constraint", with_topic(slot("deadline", _qualifier(text, noun)), text, date.group(0)), date.group(0)
     if _FUTURE.search(text) and _BY.search(text, 0, date.start()):  # "the customer wants the report by Monday"
         what = content_words(text[: date.start()], "need want must should will going expect plan got before")
-        return "constraint", slot("deadline", what), date.group(0)
+        return "constraint", with_topic(slot("deadline", what), text, date.group(0)), date.group(0)
     return None
 
 
@@ -165,7 +237,11 @@ _PIN = re.compile(
     rf"|\bpin\s+{_TOOL}\s+(?:to|at)\s+{_VERSION}"
     rf"|\b(?:upgrade|move|switch|migrate|bump|downgrade)\s+(?:\w+\s+)?to\s+{_TOOL}\s+{_VERSION}"
     rf"|^(?:only\s+)?(?:use|target|require)\s+{_TOOL}\s+{_VERSION}"
-    rf"|\b{_TOOL}\s+(?:version\s+)?(?:must|has to|needs to)\s+(?:be|stay)\s+(?:at\s+|on\s+)?{_VERSION}",
+    rf"|\b{_TOOL}\s+(?:version\s+)?(?:must|has to|needs to)\s+(?:be|stay)\s+(?:at\s+|on\s+)?{_VERSION}"
+    rf"|\b(?:floor|minimum|baseline)\s+(?:is|stays|remains)\s+{_TOOL}\s+{_VERSION}"
+    rf"|\b{_TOOL}\s+{_VERSION}\s+(?:is|as)\s+(?:the\s+|our\s+)?(?:new\s+)?(?:minimum|floor|baseline)"
+    r"|\b(?:must|has to|have to|needs? to|should|keep|still|only)\s+(?:\w+\s+)?(?:run|running|work|working|support"
+    rf"|supporting)\s+(?:on\s+)?{_TOOL}\s+{_VERSION}",
     re.I,
 )
 
@@ -191,26 +267,62 @@ _LANGUAGE = re.compile(
     re.I,
 )
 _LENGTH = re.compile(
-    r"\b(?:keep|make)\s+(?:your\s+|the\s+|all\s+)?(?:answers?|responses?|replies|explanations?|it|them)\s+"
+    r"\b(?:keep|make)\s+(?:your\s+|the\s+|all\s+)?(?:[a-z]+\s+)?(answers?|responses?|replies|explanations?|reports?"
+    r"|summar(?:y|ies)|updates|messages|it|them)\s+"
     r"((?:short|brief|concise|terse|detailed|long|thorough|shorter|longer)\b|under \d+ words)"
     r"|\bbe\s+(?:more\s+|very\s+)?(concise|brief|terse|detailed|verbose|thorough)\b"
     r"|^(short|brief|concise|detailed|longer|shorter)\s+(?:answers|responses|replies)\b",
     re.I,
 )
+_FORMAT = re.compile(
+    r"\b(?:(?:short|plain|simple|long|numbered|nested|flat)\s+)?(?:bullet points|bullet lists?|bullets|numbered lists"
+    r"|lists|tables|paragraphs|prose|plain text|headings)\b",
+    re.I,
+)
+_FORMAT_CONTEXT = re.compile(r"\b(?:prefer|like|want|use|write|drop|give|instead|better|easier|format|style)\b", re.I)
+_REFUSED = re.compile(r"\b(?:drop|no|without|not|avoid|stop|skip)\s+(?:the\s+|using\s+|with\s+)?$", re.I)
+
+
+def _format(text: str) -> str | None:
+    """The answer format asked for: the one preferred over another ("tables work better than lists"), else
+    the last one not refused ("drop the lists, write plain paragraphs instead")."""
+    forms = [m for m in _FORMAT.finditer(text) if not _REFUSED.search(text, 0, m.start())]
+    if not forms:
+        return None
+    preferred = [m for m in forms if re.match(r"[^.;]{0,30}?\bthan\b", text[m.end() :])]
+    return (preferred or forms)[0 if preferred else -1].group(0)
+
+
 _INDENT = re.compile(r"\b(tabs|\d+[- ]space(?:s)?(?: indent(?:ation)?)?|spaces)\b", re.I)
 _INDENT_CONTEXT = re.compile(r"\b(?:prefer|use|indent(?:ation)?|always|format)\b", re.I)
 _ADDRESS = re.compile(r"\b(?i:call me|address me as|i go by)\s+([A-Z][\w'-]*)")
 _USER_NAME = re.compile(r"\bmy name(?: is|['’]s)\s+([A-Z][\w'-]*)", re.I)
 _CALLED = re.compile(
     r"\b(?:the|our|this|my)\s+((?:[\w-]+\s+){0,2}?[\w-]+)\s+(?:is|will be)\s+(?:called|named|codenamed)\s+"
-    rf"({_IDENT}|[A-Z][\w-]*)",
+    rf"({_IDENT}|[A-Z][\w-]*)"
+    r"|\bwe\s+(?:call|named?|refer to)\s+((?:the|our|this)\s+(?:[\w-]+\s+){0,2}?[\w-]+)\s+"
+    rf"({_IDENT}|(?-i:[A-Z])[\w-]*)"
+    r"|\bcodenamed?[,:]?\s+(?:is\s+)?()((?-i:[A-Z])[\w-]*)"
+    r"|\b(?:i(?:'ll| will)|we(?:'ll| will)|let's)\s+(?:name|call)\s+(?:the\s+|it\s+|this\s+)?([\w\s-]{0,30}?)\s*"
+    rf"({_IDENT})",
     re.I,
 )
 _ASSIGNED = re.compile(
-    r"^(?:the|our|my|your)\s+((?:[\w-]+\s+){0,3}?(?:host|hostname|server|url|endpoint|database|db|bucket|branch"
-    r"|repo|repository|cluster|region|namespace|account|channel|email|domain|port|path|directory|folder|table"
-    r"|queue|topic|ip|address|id|username|env|environment|instance|image|tag|profile|project key|dataset))\s+"
+    r"(?:^|[,:;]\s*)(?:the|our|my|your)\s+((?:[\w-]+\s+){0,3}?(?:host|hostname|server|url|endpoint|database|db"
+    r"|bucket|branch|repo|repository|cluster|region|namespace|account|channel|email|domain|port|path|directory"
+    r"|folder|table|queue|topic|ip|address|id|username|env|environment|instance|image|tag|profile|project key"
+    r"|dataset|ticket|alias))(?:\s+(?:for|of|at|on)\s+[^,.;]{1,30}?)?\s+"
     rf"(?:is|will be|should be|=|:)\s+({_IDENT})",
+    re.I,
+)
+_PERSON = r"([A-Z][a-z'-]+(?:\s+[A-Z][a-z'-]+)?)"
+_CONTACT = re.compile(
+    rf"\bcontact\b[^.;]{{0,40}}?\bis\s+{_PERSON}"
+    r"|\b(?:deal with|talk to|work with|go through|report to)\s+([A-Z][a-z'-]+\s+[A-Z][a-z'-]+)"
+)
+_THING_ID = re.compile(
+    r"\b(?:the\s+)?(?:branch|ticket|host|bucket|cluster|channel|queue|repo|folder|directory|namespace)\s+"
+    r"([\w./:@#-]*[\d_/][\w./:@#-]*[\w/])",
     re.I,
 )
 _USE_ID = re.compile(
@@ -221,8 +333,9 @@ _USE_ID = re.compile(
     re.I,
 )
 _OWNER = re.compile(
-    r"^([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains|is responsible for|is in charge of|is on call for"
-    r"|takes care of|will review|will handle|should review)\s+([^.,;!?]{3,80})"
+    r"^(?:(?i:from now on|going forward|now)[,\s]+)?([A-Z][a-z]+)\s+(reviews|owns|handles|approves|maintains"
+    r"|is responsible for|is in charge of|is on call for|takes care of|will review|will handle|should review)"
+    r"\s+([^.,;!?]{3,80})"
 )
 
 
@@ -234,7 +347,11 @@ def _lexicon_preference(text: str) -> Found | None:
     if language := _LANGUAGE.search(text):
         return "preference", "language", language.group(1)
     if length := _LENGTH.search(text):
-        return "preference", "answer length", next(g for g in length.groups() if g)
+        what, value = (length.group(1) or "answer").lower(), next(g for g in length.groups()[1:] if g)
+        answer = what.startswith(("answer", "respons", "repl", "it", "them"))
+        return "preference", "answer length" if answer else f"length {stem(what)}", value
+    if (form := _format(text)) and _FORMAT_CONTEXT.search(text):
+        return "preference", "format", form
     if (indent := _INDENT.search(text)) and _INDENT_CONTEXT.search(text):
         return "preference", "indentation", indent.group(1)
     if address := _ADDRESS.search(text):
@@ -242,18 +359,34 @@ def _lexicon_preference(text: str) -> Found | None:
     return None
 
 
+def _named(text: str, value: str) -> str:
+    return f"name {topic(text, value)}".strip()
+
+
 def _lexicon_name(text: str) -> Found | None:
     if user := _USER_NAME.search(text):
         return "name", "user name", user.group(1)
     if called := _CALLED.search(text):
-        return "name", "name " + content_words(called.group(1)), called.group(2)
+        what, name = [g for g in called.groups() if g is not None][:2]
+        return "name", f"name {topic(what or text, name)}".strip(), name
     if assigned := _ASSIGNED.search(text):
-        return "name", content_words(assigned.group(1)), assigned.group(2)
+        return "name", _named(text, assigned.group(2)), assigned.group(2)
+    if contact := _CONTACT.search(text):
+        person = contact.group(1) or contact.group(2)
+        return "name", f"contact {topic(text, person)}".strip(), person
     if used := _USE_ID.search(text):
-        return "name", content_words(used.group(1)), used.group(2)
+        return "name", _named(text, used.group(2)), used.group(2)
+    if (thing := _THING_ID.search(text)) and not (PAST.search(text) and not STILL.search(text)):
+        return "name", _named(text, thing.group(1)), thing.group(1)
     if (owner := _OWNER.search(text)) and owner.group(1).lower() not in STOPWORDS:
-        return "decision", "owner " + content_words(f"{owner.group(2)} {owner.group(3)}"), owner.group(1)
+        return "decision", f"owner {_owned(owner.group(3))}", owner.group(1)
     return None
+
+
+def _owned(what: str) -> str:
+    """What is owned, its last word tagged with the one before ("backend PRs": ``pr@backend``)."""
+    words = [stem(w) for w in WORD.findall(what.lower()) if w not in STOPWORDS]
+    return f"{words[-1]}@{words[-2] if len(words) > 1 else ''}" if words else ""
 
 
 CONCEPTS: tuple[Callable[[str], Found | None], ...] = (

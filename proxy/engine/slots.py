@@ -1,27 +1,31 @@
 """What one sentence sets for the rest of a conversation: its kind, its slot and its value (``proxy.engine.ledger``).
 
 A standing instruction is kept as (kind, slot, value): the slot says what it is about, so that a later sentence
-about the same thing replaces it even in other words, and the value is the part such an update changes. Two
-routes lead to a slot, tried in this order:
+about the same thing replaces it even in other words (``proxy.engine.topics``), and the value is the part such
+an update changes. Three routes lead to a slot, tried in this order:
 
 * **The lexicon** (``proxy.engine.lexicon.CONCEPTS``): things users restate in many words (a budget, a deadline,
-  units, the answer's language or length, a pinned version, the user's name, who owns what) map to one concept,
-  plus the qualifier that keeps two of them apart ("the travel budget" is not "the marketing budget").
+  units, the answer's language, length or format, a pinned version, the user's name, what a thing is called,
+  who the contact is, who owns what) map to one concept, plus the qualifier that keeps two of them apart ("the
+  travel budget" is not "the marketing budget") and the topic words an update in other words can share.
 * **The cues** (``_CUES``): sentences that set a limit with a quantity (constraint), say *always/never/must*
   or lift such an order (rule), state a goal or the task's state, a preference or a decision. Their slot is
   their content words (``lexicon.content_words``: stopwords, values and cue words removed, stemmed, sorted), so
   that restating the same thing with another value ("you may push to main now") lands on the same slot.
+* **The shapes** (``proxy.engine.cues``): labels, imperatives with a habit, obligations of a generic subject,
+  bare preferences, decisions booked, moved or kept until a date: the many phrasings no concept names.
 
-Most sentences match nothing: questions, thanks, discussion and numbers in passing are no instructions, and each
-item costs room in every request. Everything here runs on one sentence of at most ~300 characters, with
-patterns whose repetitions are bounded or separated by fixed characters.
+Most sentences match nothing: questions, thanks, discussion, one-off requests and numbers in passing are no
+instructions, and each item costs room in every request. Everything here runs on one sentence of at most ~300
+characters, with patterns whose repetitions are bounded or separated by fixed characters.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
+from proxy.engine.cues import BROAD, labelled, limit
 from proxy.engine.lexicon import (
     COMPARISON,
     CONCEPTS,
@@ -32,11 +36,14 @@ from proxy.engine.lexicon import (
     content_words,
     slot,
     stem,
+    with_topic,
 )
+from proxy.store.records import LEDGER_KINDS
 
 # What may come before the sentence proper: fillers ("ok, so"), and labels that announce it ("quick update:").
 _LEAD = re.compile(
-    r"(?:(?:ok(?:ay)?|so|and|but|also|actually|please|btw|fyi|ps|heads up|one more thing|just so you know)\b[\s,!.-]*"
+    r"(?:(?:ok(?:ay)?|so|and|but|also|actually|please|btw|fyi|ps|heads up|one more thing|just so you know"
+    r"|for the record|good news|by the way|oh|before i forget|separately|in other news|[\w-]+-wise)\b[\s,!.-]*"
     r"|(?:(?:quick|small|one more|another|an?)\s+)?(?:update|note|reminder|correction|important|change of plan)"
     r"\s*[:!-]+\s*)*",
     re.I,
@@ -75,7 +82,8 @@ _RELEASED = re.compile(
 )
 _GOAL = re.compile(
     r"\b(?:the|our|my|main|primary|current|overall|end|final)\s+(?:([\w-]+)\s+)?(?:goal|aim|objective|mission"
-    r"|priority|task|focus)\s+(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?([^.!?]{3,120})",
+    r"|priority|task|focus)\s+(?:for\s+[^,:.]{1,40}?\s+)?(?:right now\s+|for now\s+)?(?:is|remains)\s+(?:to\s+)?"
+    r"([^.!?]{3,120})",
     re.I,
 )
 _GOAL_LABEL = re.compile(
@@ -101,7 +109,8 @@ _LIMIT_CONTEXT = re.compile(
     re.I,
 )
 _PREFER = re.compile(
-    r"\b(?:i(?:'d| would)?\s+(?:really\s+)?(?:prefer|rather)|i (?:like|love|hate) it when|my preference is)\s+"
+    r"\b(?:i(?:'d| would)?\s+(?:really\s+)?(?:prefer|rather(?!\s+(?:be|not|we|you|i|have|do|go|get|stay|keep)\b))"
+    r"|i (?:like|love|hate) it when|my preference is)\s+"
     r"(?:to\s+|that\s+)?([^.!?;,]{2,80})",
     re.I,
 )
@@ -141,7 +150,8 @@ def _rule(text: str) -> Found | None:
 
 def _goal(text: str) -> Found | None:
     if status := _STATUS.search(text):
-        return "goal", "status", (status.group(1) or "unblocked").strip()
+        value = (status.group(1) or "unblocked").strip()
+        return "goal", with_topic("status", text, value), value
     if goal := _GOAL.search(text) or _GOAL_LABEL.match(text):
         qualifier = (goal.group(1) or "").lower()
         which = "" if qualifier in NOT_QUALIFIER else stem(qualifier)
@@ -195,16 +205,31 @@ _QUESTION = re.compile(
 )
 
 
-def classify(sentence: str) -> Found | None:
-    """(kind, slot, value) of what ``sentence`` sets for the rest of the conversation; None for most sentences
-    (questions, thanks, discussion, numbers in passing), and for those whose slot came out empty."""
+def classify(sentence: str, kinds: Collection[str] = LEDGER_KINDS) -> Found | None:
+    """(kind, slot, value) of what ``sentence`` sets for the rest of the conversation, of one of ``kinds`` (who
+    said it decides what it may set); None for most sentences (questions, thanks, discussion, numbers in
+    passing), and for those whose slot came out empty. A sentence after a lead-in ("Legal was very clear
+    with us: customer data must stay …") is read again without it."""
     sentence = _EMPHASIS.sub("", sentence)  # "**Never** commit secrets"
     lead = _LEAD.match(sentence)
     body = sentence[lead.end() if lead else 0 :].strip()
     if len(body) < 6 or body.endswith("?") or _QUESTION.match(body):
         return None
-    for detect in (*CONCEPTS, *_CUES):
+    found = _detect(body, kinds)
+    if found is None and (colon := _LEAD_IN.match(body)):
+        found = _detect(body[colon.end() :], kinds)
+    return found
+
+
+_LEAD_IN = re.compile(r"^[^:;]{3,60}[:;]\s+(?=\S)")
+
+
+def _detect(body: str, kinds: Collection[str]) -> Found | None:
+    def label(text: str) -> Found | None:
+        return labelled(text, lambda rest: _detect(rest, kinds))
+
+    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, *BROAD):
         found = detect(body)
-        if found:
+        if found and found[0] in kinds:
             return found if found[1].strip() and found[2].strip() else None
     return None
