@@ -11,7 +11,7 @@ from proxy.store.location import Location
 from tests.support.compaction import Scripted, open_context_engine
 from tests.support.engine import assistant, run, user
 
-BUDGET = Budget(window=2400, output_reserve=300, tools=0)
+BUDGET = Budget(window=2000, output_reserve=300, tools=0)
 FILLER = "We went through the sensor calibration notes for the east wing once more, line by line. " * 3
 
 
