@@ -674,6 +674,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--standing", action="store_true", help="the standing-instructions benchmark instead (bench/standing.py)"
     )
+    parser.add_argument(
+        "--shares", help="with --standing: forwarded budgets in percent of the history, comma-separated (10,20,30)"
+    )
     return parser.parse_args(argv)
 
 

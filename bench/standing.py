@@ -264,6 +264,8 @@ def print_tables(runs: list[Run], warnings: Counter[str], model_name: str | None
 
 def main(args: argparse.Namespace, quick: bool) -> None:
     shares = QUICK_SHARES if quick else SHARES
+    if args.shares:
+        shares = tuple(int(share) / 100 for share in args.shares.split(","))
     rounds = 2 if quick else 3
     start = time.perf_counter()
     if args.real or args.model is not None:

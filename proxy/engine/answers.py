@@ -27,7 +27,7 @@ from proxy.dialects import CHAT, Dialect
 from proxy.engine import standing
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
-from proxy.engine.intercept import Interceptor
+from proxy.engine.intercept import Interceptor, apply_patches
 from proxy.engine.standing import said
 from proxy.types import Message
 
@@ -62,7 +62,8 @@ async def record_answer(
     batch = ingestor.files.batch(scope)
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
-        stated = await said(dialect, answer) if ingestor.standing else ("", [])
+        forwarded = apply_patches(answer, interception.forward_patches)
+        stated = await said(dialect, forwarded) if ingestor.standing else ("", [])
         async with store.write() as tx:
             await tx.lock_conversation(conversation_id)
             conversation = await tx.conversation(scope, conversation_id)

@@ -45,6 +45,7 @@ from proxy.types import Message, Messages
 __all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
 
 log = logging.getLogger("lcm_proxy.engine")
+MASK_OFF_LOOP_CHARS = 32_000  # summary text beyond which stale values are masked in a worker thread
 RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
 
 
@@ -197,7 +198,11 @@ class ContextEngine:
         ingested, dialect, sizes, limit = request.ingested, request.dialect, request.sizes, request.limit
         count = request.count
         standing = request.standing
-        summaries = standing.masked_summaries(view.summaries)  # a superseded value does not come back
+        # A superseded value does not come back through the summaries (masked copies; long ones off the loop).
+        if standing.stale is not None and sum(len(s.content) for s in view.summaries) > MASK_OFF_LOOP_CHARS:
+            summaries = await asyncio.to_thread(standing.masked_summaries, view.summaries)
+        else:
+            summaries = standing.masked_summaries(view.summaries)
         try:
             assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
         except TooLarge:  # the recall and ledger reserves give way
@@ -360,8 +365,8 @@ class ContextEngine:
         standing: Standing,
     ) -> tuple[list[Message], int, tuple[int, ...]]:
         """Original excerpts matching the newest user message, from the messages not forwarded raw, placed at
-        the end of the request: before the user's own text when that message is the last one (the question
-        stays last), else after the last message's content (a tool round's result). The block differs from
+        the end of the request: after the last message's content (the user's words, or a tool round's result;
+        before the user's words only when an assistant prefill follows them). The block differs from
         request to request, so anywhere earlier it would split the prefix the next request shares with this
         one (provider prompt caches, llama.cpp's KV cache): at the end, the next request, which carries this
         message without it, still repeats everything before it."""
@@ -375,7 +380,17 @@ class ContextEngine:
         block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)
         if block is None:
             return raw, 0, ()
-        block = standing.mask(block)  # what a later statement replaced is not recalled as if still in force
+        # What a later statement replaced is not recalled as if in force; the marker may cost more than the words
+        # it hides, so the block is measured again (Bounded).
+        masked = standing.mask_recalled(block)
+        if masked != block and tokens.count_text(masked) > cap:
+            block = await auto_recall.recall_block(
+                self.store, conversation_id, first_raw, query, cap - (tokens.count_text(masked) - cap) - 8
+            )
+            masked = standing.mask_recalled(block) if block is not None else ""
+            if not masked or tokens.count_text(masked) > cap:
+                return raw, 0, ()
+        block = masked
         ids = tuple(int(i) for i in RECALLED_ID.findall(block))
         out = list(raw)
         last = len(raw) - 1

@@ -144,9 +144,10 @@ class Ingestor:
             async def prepare(i: int) -> tuple[Interception, NewMessage]:
                 if i not in prepared:
                     chain = incoming.chains[i]
-                    message = transcript[i]
-                    statements[i] = await said(dialect, message) if self.standing else ("", [])
-                    prepared[i] = await self.prepare_message(interceptor, message, chain, tool_names, batch)
+                    prepared[i] = await self.prepare_message(interceptor, transcript[i], chain, tool_names, batch)
+                    # Read as forwarded: a pasted document or file stored out of line sets nothing.
+                    forwarded = apply_patches(transcript[i], prepared[i][0].forward_patches)
+                    statements[i] = await said(dialect, forwarded) if self.standing else ("", [])
                 return prepared[i]
 
             for i in range(first_guess.common, len(transcript)):

@@ -50,6 +50,16 @@ INTRO = (
     "were summarised):"
 )
 _FENCE = re.compile(r"```[^`]*(?:`(?!``)[^`]*)*```")
+_FILE_BLOCK = re.compile(r"<file\b[^>]{0,500}>.*?(?:</file>|\Z)", re.S | re.I)
+# The proxy's own stub of a payload stored out of line: its exploration quotes the payload's lines.
+_STUB = re.compile(
+    r"\[LCM (?:File|Tool Output): [^\]\n]{0,400}\].*?(?:\(Stored out of line by lcm-proxy\.[^)\n]{0,300}\)|\Z)", re.S
+)
+_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.S | re.I)
+_QUOTED = re.compile(r"^[ \t]{0,3}>[^\n]*", re.M)
+_ASSISTANT_ACTION = re.compile(
+    r"\b(?:let's|let us|I'll|I will|I'm going to)\s+(?:use|run|try|check)\s+\S+\s+to\s", re.I
+)
 _ROLE = re.compile(r"[a-z]{1,20}")
 
 
@@ -67,11 +77,17 @@ def extract(text: str, role: str) -> list[Statement]:
     kinds = SETTERS.get(role, ())
     if not kinds or not text:
         return []
-    prose = _FENCE.sub("\n", redact_secrets(text[:MAX_INPUT_CHARS]))  # code is no instruction to the reader
+    # Code, quoted lines, pasted file blocks and a client's own reminders are material, not what the speaker
+    # sets: a web page or a README quoted in a message must not become a standing rule.
+    prose = redact_secrets(text[:MAX_INPUT_CHARS])
+    for pattern in (_FENCE, _FILE_BLOCK, _STUB, _REMINDER, _QUOTED):
+        prose = pattern.sub("\n", prose)
     found: dict[tuple[str, str], Statement] = {}
     for sentence in sentences(prose):
         if is_instruction_override(sentence):
             continue
+        if role == "assistant" and _ASSISTANT_ACTION.search(sentence):
+            continue  # "Let's use ripgrep to find the call sites": a step of the work, not a decision
         classified = classify(sentence, kinds)
         if classified is None:
             continue
@@ -108,12 +124,15 @@ def reconcile(current: Sequence[LedgerItem], new: Sequence[Statement]) -> list[t
     items it supersedes. One that repeats a current item (same kind family, slot and value), or one added
     just before it, is not added."""
     live = [item for item in current if item.current]
+    # A dropped item is still replaced by its update (else restoring it later would make two current budgets),
+    # but restating it adds it again: the user says it holds.
+    open_items = [item for item in current if item.superseded_seq is None]
     added: list[tuple[Statement, list[str]]] = []
     for statement in new:
         if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for s, _ in added):
             continue
         added = [(s, ids) for s, ids in added if not supersedes(statement, s)]
-        added.append((statement, [item.id for item in live if supersedes(statement, item)]))
+        added.append((statement, [item.id for item in open_items if supersedes(statement, item)]))
     return added
 
 

@@ -18,6 +18,7 @@ meets the store and the assembled request:
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import secrets
 import time
@@ -48,9 +49,14 @@ def new_item_id() -> str:
 async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]]:
     """(role, statements) of one incoming message; extraction in a worker thread when its text is long."""
     role = dialect.role(message)
-    if role not in ledger.SETTERS:
+    text = ""
+    if role in ledger.SETTERS:
+        text = strip_reasoning(dialect.text(message))
+    elif message.get("role") == "user" and isinstance(message.get("content"), list):
+        # A user message that carries tool results (the Messages format) may also carry the user's own words.
+        role, text = "user", "\n".join(_typed_text(message["content"]))
+    if not text:
         return role, []
-    text = strip_reasoning(dialect.text(message))
     if len(text) > OFF_LOOP_CHARS:
         return role, await asyncio.to_thread(ledger.extract, text, role)
     return role, ledger.extract(text, role)
@@ -116,8 +122,18 @@ class Standing:
         return ledger.render(chosen), tuple(item.id for item in chosen)
 
     def mask(self, text: str) -> str:
-        """``text`` with superseded items' sentences and distinctive values replaced by ``MARKER``."""
-        return self.stale.sub(MARKER, text) if self.stale is not None and text else text
+        """``text`` with superseded items' sentences and distinctive values replaced by ``MARKER`` (cached: a
+        summary is masked once per set of stale items, not on every request)."""
+        return _masked(self.stale, text) if self.stale is not None and text else text
+
+    def mask_recalled(self, block: str) -> str:
+        """A recall block with its excerpts masked (its header and closing tag are the proxy's own words)."""
+        if self.stale is None:
+            return block
+        head, _, rest = block.partition("\n")
+        intro, _, rest = rest.partition("\n")
+        body, _, footer = rest.rpartition("\n")
+        return "\n".join([head, intro, self.mask(body), footer])
 
     def masked_summaries(self, summaries: Sequence[SummaryRecord]) -> list[SummaryRecord]:
         out = []
@@ -131,10 +147,13 @@ def stale_pattern(items: Sequence[LedgerItem]) -> re.Pattern[str] | None:
     """What of the superseded items must not come back: each one's sentence, and its value where that is
     distinctive and no current item holds it. Linear: one alternation of escaped literals."""
     current_values = {_fold(item.value) for item in items if item.current}
+    current_texts = {_fold(item.text) for item in items if item.current}
     phrases: set[str] = set()
     stale = [item for item in items if item.superseded_seq is not None]
     for item in stale[-MAX_MASKED:]:
-        phrases.add(" ".join(item.text.split()))
+        text = " ".join(item.text.split())
+        if _fold(text) not in current_texts:  # "never push to main", lifted, then set again: in force
+            phrases.add(text)
         value = " ".join(item.value.split())
         if _distinctive(value) and _fold(value) not in current_values:
             phrases.add(value)
@@ -144,13 +163,28 @@ def stale_pattern(items: Sequence[LedgerItem]) -> re.Pattern[str] | None:
     return re.compile(rf"(?<![\w$€£]){alternatives}(?!\w)", re.I)
 
 
+def _typed_text(parts: list[object]) -> list[str]:
+    """The text parts of a content list (not the tool results among them)."""
+    out = []
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
+            out.append(part["text"])
+    return out
+
+
 def _fold(value: str) -> str:
     return " ".join(value.casefold().split())
 
 
 def _distinctive(value: str) -> bool:
-    """Whether a value can be masked wherever it occurs: it names a figure, a date, an identifier or several
-    words ("$800", "Python 3.11", "metric units"), not a word common in any text ("main", "never")."""
-    if _fold(value) in POLARITIES or len(value) < 3:
-        return False
-    return any(ch.isdigit() for ch in value) or " " in value or len(value) >= 6
+    """Whether a value can be masked wherever it occurs: a figure, an amount, a date or an identifier ("$800",
+    "Python 3.9", "orders-stg-2"), not words any text may hold ("German", "the user", "ship the release")."""
+    return _fold(value) not in POLARITIES and len(value) >= 2 and _DISTINCTIVE.search(value) is not None
+
+
+_DISTINCTIVE = re.compile(r"\d|[$€£¥]|\w[-_./:]\w|[a-z][A-Z]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _masked(pattern: re.Pattern[str], text: str) -> str:
+    return pattern.sub(MARKER, text)
