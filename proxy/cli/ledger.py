@@ -51,16 +51,17 @@ async def ledger_text(
     return "\n".join(ledger_lines(items)) if items else f"no standing instructions in {conversation_id}"
 
 
-def cmd_ledger(args: argparse.Namespace) -> int:
-    from proxy.cli.operator import cmd_operator  # which imports this module (``show``)
-
+def ledger_change(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(option, item id) of the one change ``--pin``/``--drop``/``--restore`` asks for, or None (a listing)."""
     changes = [(option, getattr(args, option)) for option in CHANGES if getattr(args, option)]
-    args.change = changes[0] if changes else None
-    return cmd_operator(args)
+    return changes[0] if changes else None
 
 
-def add_ledger_command(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
-    """``ledger`` on the CLI's subcommands; ``add_store`` adds the options that find the store."""
+def add_ledger_command(
+    sub: Any, add_store: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], int]
+) -> None:
+    """``ledger`` on the CLI's subcommands, run by ``run`` (the operator commands' runner); ``add_store`` adds
+    the options that find the store."""
     ledger = sub.add_parser(
         "ledger",
         help="show a conversation's standing instructions; pin or drop one",
@@ -77,4 +78,4 @@ def add_ledger_command(sub: Any, add_store: Callable[[argparse.ArgumentParser], 
     add_store(ledger)
     ledger.add_argument("--tenant", help="refuse a conversation of another tenant")
     ledger.add_argument("--user", help="an end user within --tenant (as chat requests name one)")
-    ledger.set_defaults(func=cmd_ledger)
+    ledger.set_defaults(func=run)

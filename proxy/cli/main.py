@@ -20,7 +20,7 @@ from proxy import __version__
 from proxy.cli.common import at_least_one, driver_missing, load_or_say, operator_setup
 from proxy.cli.delete import add_deleting_commands
 from proxy.cli.ledger import add_ledger_command
-from proxy.cli.operator import add_reading_commands
+from proxy.cli.operator import add_reading_commands, cmd_ledger
 from proxy.config.logs import configure_serving_logs
 from proxy.scopes import user_scope
 from proxy.store.location import Location, is_postgres_url
@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serving_commands(sub)
     add_reading_commands(sub, _add_store)
-    add_ledger_command(sub, _add_store)
+    add_ledger_command(sub, _add_store, cmd_ledger)
     add_deleting_commands(sub, _add_store)
     _add_maintenance_commands(sub)
     return parser

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from proxy.cli.common import at_least_one, operator_setup
-from proxy.cli.ledger import ledger_text, show_section
+from proxy.cli.ledger import ledger_change, ledger_text, show_section
 from proxy.config.lcm import LcmSettings
 from proxy.config.settings import ProxyConfig
 from proxy.engine.admin import AdminViews
@@ -277,6 +277,11 @@ def run_operator(data_dir: Path | Location, command: str, config: ProxyConfig | 
 
 
 __all__ = ["Operator", "Path", "run_operator"]
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    args.change = ledger_change(args)
+    return cmd_operator(args)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

@@ -29,15 +29,17 @@ import bisect
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy import tokens
+from proxy.dialects import Dialect
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
 from proxy.engine.terms import Matcher, Term, query_terms, token_positions
 from proxy.redaction import redact_credentials
 from proxy.store.base import Phrase, Store
+from proxy.types import Message
 
 log = logging.getLogger("lcm_proxy.auto_recall")
 
@@ -321,3 +323,49 @@ async def recall_block(store: Store, conversation_id: str, before_seq: int, quer
     if _large(rows):  # rescoring and excerpting are linear, but megabytes of it would stall the event loop
         return await asyncio.to_thread(_rank_and_build, rows, terms, max_tokens)
     return _rank_and_build(rows, terms, max_tokens)
+
+
+RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
+
+
+async def place(
+    store: Store,
+    conversation_id: str,
+    first_raw: int,
+    raw: list[Message],
+    cap: int,
+    dialect: Dialect,
+    mask: Callable[[str], str],
+) -> tuple[list[Message], int, tuple[int, ...]]:
+    """``raw`` (the messages forwarded raw, from seq ``first_raw``) with the excerpts matching the newest user
+    message placed at the end of the request: after the last message's content (the user's words, or a tool
+    round's result; before the user's words only when an assistant prefill follows them). The block differs from
+    request to request, so anywhere earlier it would split the prefix the next request shares with this one
+    (provider prompt caches, llama.cpp's KV cache): at the end, the next request, which carries this message
+    without it, still repeats everything before it. Returns (messages, tokens added, message ids quoted).
+
+    ``mask`` hides what a later statement replaced (``proxy.engine.standing``); the marker may cost more than
+    the words it hides, so the block is measured again after it (Bounded)."""
+    index = len(raw) - 1
+    while index >= 0 and not dialect.user_turn(dialect.role(raw[index])):
+        index -= 1
+    if index < 0:
+        return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
+    query = dialect.text(raw[index])
+    block = await recall_block(store, conversation_id, first_raw, query, cap)
+    if block is None:
+        return raw, 0, ()
+    masked = mask(block)
+    if masked != block and tokens.count_text(masked) > cap:
+        smaller = await recall_block(store, conversation_id, first_raw, query, 2 * cap - tokens.count_text(masked) - 8)
+        masked = mask(smaller) if smaller is not None else ""
+        if not masked or tokens.count_text(masked) > cap:
+            return raw, 0, ()
+    ids = tuple(int(i) for i in RECALLED_ID.findall(masked))
+    out = list(raw)
+    last = len(raw) - 1
+    if dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
+        out[index] = dialect.prepend(raw[index], masked)
+    else:
+        out[last] = dialect.append(raw[last], masked)
+    return out, tokens.count_text(masked) + 2, ids

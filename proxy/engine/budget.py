@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from proxy.config.lcm import LcmSettings
+from proxy.engine.errors import ContextTooLong
 
 PROMPT_OVERHEAD = 700  # tokens of a summarizer call beyond its source: system prompt, framing, fact list
 DEFAULT_WINDOW_LIMIT = 120_000  # the message limit assumed when no request is at hand (operator `compact`)
@@ -161,4 +162,25 @@ def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None, 
         fallback=settings.fallback_max_tokens or min(512, leaf_target),  # the fallback is the fact list
         large_file=large_file,
         tool_result=min(tool_result, large_file),
+    )
+
+
+def too_large(needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
+    """The refusal of a request whose newest user message and what follows it cannot fit at all."""
+    b = request_budget
+    return ContextTooLong(
+        f"The newest user message and what follows it need {needed} tokens, but only {limit} are available "
+        f"for messages: {b.arithmetic(instructions)}. Lower "
+        f"{b.reserve_source}, shorten the message, or use a model with a larger window.",
+        param="messages",
+    )
+
+
+def no_room(limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
+    """The refusal of a request whose output reserve leaves no room for any message."""
+    b = request_budget
+    return ContextTooLong(
+        f"{b.reserve_source} {b.output_reserve} leaves no room for messages in this model's context window of "
+        f"{b.window} tokens: {b.arithmetic(instructions)} = {limit}. Lower {b.reserve_source}.",
+        param=b.reserve_source,
     )

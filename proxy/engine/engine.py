@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +28,7 @@ from proxy.engine import answers, auto_recall, budget
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
-from proxy.engine.errors import ContextTooLong, ConversationBusy
+from proxy.engine.errors import ConversationBusy
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
@@ -46,7 +45,6 @@ __all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
 
 log = logging.getLogger("lcm_proxy.engine")
 MASK_OFF_LOOP_CHARS = 32_000  # summary text beyond which stale values are masked in a worker thread
-RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
 
 
 class RequestSummarizer(Summarizer, TextSummarizer, Protocol):
@@ -124,7 +122,7 @@ class ContextEngine:
         instruction_tokens = count_messages(dialect, instructions) if instructions else 0
         limit = request_budget.for_messages(instruction_tokens)
         if request_budget.reserve_leaves_no_room(instruction_tokens):
-            raise self._no_room(limit, request_budget, instruction_tokens)  # before anything is stored
+            raise budget.no_room(limit, request_budget, instruction_tokens)  # before anything is stored
         sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None))
         ingested = await self.ingestor.ingest(
             scope,
@@ -151,7 +149,7 @@ class ContextEngine:
         required = sum(view.costs[view.required - view.upto :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
-            refusal = self._too_large(required, limit, request_budget, instruction_tokens)
+            refusal = budget.too_large(required, limit, request_budget, instruction_tokens)
             refusal.conversation_id = ingested.conversation_id
             raise refusal
         request = _Request(
@@ -228,11 +226,12 @@ class ContextEngine:
         room = min(budget.ledger_share(self.settings, limit), limit - used - 8)
         block, items = standing.block(assembly.first_raw, room) if room > 0 else ("", ())
         if block:
-            used += tokens.count_text(block) + 2
+            used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
         recalled: tuple[int, ...] = ()
         if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
-            raw, recall_tokens, recalled = await self._auto_recall(
-                conversation_id, assembly.first_raw, raw, limit - used, sizes, dialect, standing
+            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
+            raw, recall_tokens, recalled = await auto_recall.place(
+                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled
             )
             used += recall_tokens
         prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
@@ -308,23 +307,6 @@ class ContextEngine:
             raise ConversationBusy(f"Conversation {conversation_id} was deleted while this request used it; retry.")
         return conversation
 
-    def _too_large(self, needed: int, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
-        b = request_budget
-        return ContextTooLong(
-            f"The newest user message and what follows it need {needed} tokens, but only {limit} are available "
-            f"for messages: {b.arithmetic(instructions)}. Lower "
-            f"{b.reserve_source}, shorten the message, or use a model with a larger window.",
-            param="messages",
-        )
-
-    def _no_room(self, limit: int, request_budget: Budget, instructions: int) -> ContextTooLong:
-        b = request_budget
-        return ContextTooLong(
-            f"{b.reserve_source} {b.output_reserve} leaves no room for messages in this model's context window of "
-            f"{b.window} tokens: {b.arithmetic(instructions)} = {limit}. Lower {b.reserve_source}.",
-            param=b.reserve_source,
-        )
-
     async def _after_parent(
         self, request: _Request, parent: asyncio.Task[SweepReport], summarizer: RequestSummarizer | None
     ) -> SweepReport:
@@ -353,52 +335,6 @@ class ContextEngine:
             shared, upto = await covering_prefix(tx, await tx.context_summaries(parent_id), fork.fork_seq)
             if shared:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
-
-    async def _auto_recall(
-        self,
-        conversation_id: str,
-        first_raw: int,
-        raw: list[Message],
-        free: int,
-        sizes: Sizes,
-        dialect: Dialect,
-        standing: Standing,
-    ) -> tuple[list[Message], int, tuple[int, ...]]:
-        """Original excerpts matching the newest user message, from the messages not forwarded raw, placed at
-        the end of the request: after the last message's content (the user's words, or a tool round's result;
-        before the user's words only when an assistant prefill follows them). The block differs from
-        request to request, so anywhere earlier it would split the prefix the next request shares with this
-        one (provider prompt caches, llama.cpp's KV cache): at the end, the next request, which carries this
-        message without it, still repeats everything before it."""
-        index = len(raw) - 1
-        while index >= 0 and not dialect.user_turn(dialect.role(raw[index])):
-            index -= 1
-        if index < 0:
-            return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
-        cap = min(free - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
-        query = dialect.text(raw[index])
-        block = await auto_recall.recall_block(self.store, conversation_id, first_raw, query, cap)
-        if block is None:
-            return raw, 0, ()
-        # What a later statement replaced is not recalled as if in force; the marker may cost more than the words
-        # it hides, so the block is measured again (Bounded).
-        masked = standing.mask_recalled(block)
-        if masked != block and tokens.count_text(masked) > cap:
-            block = await auto_recall.recall_block(
-                self.store, conversation_id, first_raw, query, cap - (tokens.count_text(masked) - cap) - 8
-            )
-            masked = standing.mask_recalled(block) if block is not None else ""
-            if not masked or tokens.count_text(masked) > cap:
-                return raw, 0, ()
-        block = masked
-        ids = tuple(int(i) for i in RECALLED_ID.findall(block))
-        out = list(raw)
-        last = len(raw) - 1
-        if dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
-            out[index] = dialect.prepend(raw[index], block)
-        else:
-            out[last] = dialect.append(raw[last], block)
-        return out, tokens.count_text(block) + 2, ids
 
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
         """Start a background compaction if the request crossed the soft threshold, or if its inline compaction
