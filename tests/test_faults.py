@@ -533,7 +533,9 @@ def test_llm_is_used_again_once_the_upstream_recovers(session: Callable[..., Ses
     calls = len(s.model.summary_calls)
     assert calls == len(outage)
     s.model.fault = None
-    s.send(*turns(n, 20 if mode == "inline" else 27), {"role": "user", "content": "Next?"})
+    # Enough new turns to be over the context again (a sweep stops at half of it) or, background, only over the
+    # soft threshold.
+    s.send(*turns(n, 30 if mode == "inline" else 27), {"role": "user", "content": "Next?"})
     assert s.headers == ["inline", "inline"] if mode == "inline" else ["scheduled", "scheduled"]
     stored = s.check_intact()
     assert stored.summaries[: len(outage)] == outage  # the fallbacks stay what they were (and linked)
@@ -575,7 +577,7 @@ def test_call_cap_bounds_a_burst_of_failures(session: Callable[..., Session], fa
     cap = 3
     s = session(Model(fault=fault), lcm_for(fault, max_summarizer_calls_per_hour=cap), history(60))
     s.send()
-    s.send(*turns(60, 20), {"role": "user", "content": "More?"})
+    s.send(*turns(60, 30), {"role": "user", "content": "More?"})  # over the context again: a sweep stops at half
     assert len(s.model.summary_calls) == cap  # the cap, not the number of summaries, bounds the calls
     s.model.fault = None  # recovered, but this conversation's budget for the hour is spent
     s.send(*turns(80, 30), {"role": "user", "content": "Even more?"})
