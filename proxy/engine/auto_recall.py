@@ -338,11 +338,15 @@ async def place(
     mask: Callable[[str], str],
 ) -> tuple[list[Message], int, tuple[int, ...]]:
     """``raw`` (the messages forwarded raw, from seq ``first_raw``) with the excerpts matching the newest user
-    message placed at the end of the request: after the last message's content (the user's words, or a tool
-    round's result; before the user's words only when an assistant prefill follows them). The block differs from
-    request to request, so anywhere earlier it would split the prefix the next request shares with this one
-    (provider prompt caches, llama.cpp's KV cache): at the end, the next request, which carries this message
-    without it, still repeats everything before it. Returns (messages, tokens added, message ids quoted).
+    message placed where they split the least of the prefix the next request shares with this one (provider
+    prompt caches, llama.cpp's KV cache), since the block differs from request to request:
+
+    - when that user message is the request's last, just before its words: the question stays last, which a
+      small model needs (measured: 9 of 12 answers right against 7 with the block after the question), and the
+      next request, which carries the message without the block, diverges only at the message's own words;
+    - in a round of tool calls, after the last tool result: the next round repeats everything before it.
+
+    Returns (messages, tokens added, message ids quoted).
 
     ``mask`` hides what a later statement replaced (``proxy.engine.standing``); the marker may cost more than
     the words it hides, so the block is measured again after it (Bounded)."""
@@ -364,7 +368,7 @@ async def place(
     ids = tuple(int(i) for i in RECALLED_ID.findall(masked))
     out = list(raw)
     last = len(raw) - 1
-    if dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
+    if index == last or dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
         out[index] = dialect.prepend(raw[index], masked)
     else:
         out[last] = dialect.append(raw[last], masked)

@@ -4,7 +4,7 @@
 the model's token margin), minus tool schemas (the instructions are subtracted by the engine, which knows
 where they end). ``sizes`` splits that limit:
 
-- the **recall block** (auto-recall excerpts at the end of the request) keeps a reserve;
+- the **recall block** (auto-recall excerpts in the request's last message) keeps a reserve;
 - the **ledger** of standing instructions (``proxy.engine.standing``) keeps what its current items take, within
   its own share of the limit (``ledger_share``), so a conversation without any gives nothing up for it;
 - the rest is the **context**: summaries (at most ``summary_room``, condensed to fit) then raw messages;

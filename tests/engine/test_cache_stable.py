@@ -1,9 +1,8 @@
 """Cache-stable: what was sent stays sent (docs/architecture.md, "Prefix stability").
 
 Between two requests with no compaction in between, the second repeats the first byte for byte, except for
-the auto-recall block, which goes at the very end of a request (after the user's words, or after the last
-tool result of a round) so that the next request, which carries that message without it, still repeats
-everything before it.
+the auto-recall block, which only ever sits in a request's last message (just before the user's words when
+they are last, after the last tool result of a round): the next request carries that message without it.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from proxy.store.location import Location
 from tests.support.compaction import Scripted, open_context_engine
 from tests.support.engine import assistant, run, user
 
+LEADING_BLOCK = re.compile(r"\A<recalled_history [^>]*>\n.*?\n</recalled_history>\n\n", re.S)
 TRAILING_BLOCK = re.compile(r"\n\n<recalled_history [^>]*>\n.*\n</recalled_history>\Z", re.S)
 BUDGET = Budget(window=3000, output_reserve=300, tools=0)
 
@@ -29,7 +29,9 @@ def turn(i: int) -> dict[str, Any]:
 
 def without_block(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
-    return {**message, "content": TRAILING_BLOCK.sub("", content)} if isinstance(content, str) else message
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": TRAILING_BLOCK.sub("", LEADING_BLOCK.sub("", content, count=1))}
 
 
 def tool_round(i: int) -> list[dict[str, Any]]:
