@@ -1,4 +1,4 @@
-"""``lcm-proxy ledger ID``: a conversation's standing instructions (``proxy.engine.ledger``), each with the message
+"""``lcm-proxy ledger ID``: a conversation's standing instructions (``standing.ledger``), each with the message
 it came from; ``--pin``, ``--drop`` or ``--restore`` one of them. Also the "Standing instructions" section of
 ``lcm-proxy show``. Run by ``proxy.cli.operator`` (its errors, its exit statuses) over the admin service."""
 

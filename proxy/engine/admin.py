@@ -161,7 +161,7 @@ class AdminViews:
         }
 
     async def ledger(self, scope: str | None, conversation_id: str, include_superseded: bool = False) -> dict[str, Any]:
-        """The conversation's standing instructions (``proxy.engine.ledger``) with the message each came from, by
+        """The conversation's standing instructions (``proxy.engine.standing.ledger``) with the message each came from, by
         seq: those in force and those the user dropped; ``include_superseded``: also those a later statement
         replaced."""
         c = await self.find(scope, conversation_id)

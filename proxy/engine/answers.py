@@ -24,10 +24,10 @@ import asyncio
 import logging
 
 from proxy.dialects import CHAT, Dialect
-from proxy.engine import standing
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
 from proxy.engine.intercept import Interceptor, apply_patches
+from proxy.engine.standing import flow as standing
 from proxy.engine.standing import said
 from proxy.types import Message
 

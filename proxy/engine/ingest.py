@@ -37,9 +37,9 @@ from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
-from proxy.engine.ledger import Statement
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
 from proxy.engine.standing import Said, record, said
+from proxy.engine.standing.ledger import Statement
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage

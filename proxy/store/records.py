@@ -100,7 +100,7 @@ LEDGER_STATES = ("active", "pinned", "dropped")
 
 @dataclass(frozen=True)
 class LedgerItem:
-    """One standing instruction of a conversation (``proxy.engine.ledger``): what the user or the agent set
+    """One standing instruction of a conversation (``proxy.engine.standing.ledger``): what the user or the agent set
     to hold from then on, with the message it came from. An item is current until a later statement of the
     same ``kind`` and ``slot`` supersedes it (``superseded_seq``: the seq of that statement's message, so that
     a fork made before it still has the item current)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from proxy import tokens
-from proxy.engine.ledger import CLOSE_TAG, OPEN_TAG, Statement, extract, reconcile, render, select, supersedes
+from proxy.engine.standing.ledger import CLOSE_TAG, OPEN_TAG, Statement, extract, reconcile, render, select, supersedes
 from proxy.store.records import LedgerItem
 
 KINDS = [

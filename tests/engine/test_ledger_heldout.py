@@ -14,7 +14,7 @@ import pytest
 
 from bench.fidelity_data import GENERAL, THEMES
 from bench.standing_data import AGENT
-from proxy.engine.ledger import Statement, extract, supersedes
+from proxy.engine.standing.ledger import Statement, extract, supersedes
 
 OWNER = ("name", "decision")  # who owns or handles what: a name, or the decision that assigns it
 

@@ -258,7 +258,7 @@ migration(
 migration(
     "m008_ledger_items",
     """
-    -- The ledger of standing instructions (proxy.engine.ledger): what the user or the agent set to hold from
+    -- The ledger of standing instructions (proxy.engine.standing.ledger): what the user or the agent set to hold from
     -- then on, each with the message it came from. An item is current until a later statement of the same kind
     -- and slot supersedes it (superseded_seq: that statement's message; superseded_by: its item, in the same
     -- conversation). A fork holds copies of its parent's items under ids of its own (proxy.store.ledger).

@@ -1,10 +1,10 @@
-"""What one sentence sets for the rest of a conversation: its kind, its slot and its value (``proxy.engine.ledger``).
+"""What one sentence sets for the rest of a conversation: its kind, its slot and its value (``standing.ledger``).
 
 A standing instruction is kept as (kind, slot, value): the slot says what it is about, so that a later sentence
-about the same thing replaces it even in other words (``proxy.engine.topics``), and the value is the part such
+about the same thing replaces it even in other words (``proxy.engine.standing.topics``), and the value is the part such
 an update changes. Three routes lead to a slot, tried in this order:
 
-* **The lexicon** (``proxy.engine.lexicon.CONCEPTS``): things users restate in many words (a budget, a deadline,
+* **The lexicon** (``lexicon.CONCEPTS``): things users restate in many words (a budget, a deadline,
   units, the answer's language, length or format, a pinned version, the user's name, what a thing is called,
   who the contact is, who owns what) map to one concept, plus the qualifier that keeps two of them apart ("the
   travel budget" is not "the marketing budget") and the topic words an update in other words can share.
@@ -12,7 +12,7 @@ an update changes. Three routes lead to a slot, tried in this order:
   or lift such an order (rule), state a goal or the task's state, a preference or a decision. Their slot is
   their content words (``lexicon.content_words``: stopwords, values and cue words removed, stemmed, sorted), so
   that restating the same thing with another value ("you may push to main now") lands on the same slot.
-* **The shapes** (``proxy.engine.cues``): labels, imperatives with a habit, obligations of a generic subject,
+* **The shapes** (``proxy.engine.standing.cues``): labels, imperatives with a habit, obligations of a generic subject,
   bare preferences, decisions booked, moved or kept until a date: the many phrasings no concept names.
 
 Most sentences match nothing: questions, thanks, discussion, one-off requests and numbers in passing are no
@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection
 
-from proxy.engine.cues import BROAD, labelled, limit
-from proxy.engine.lexicon import (
+from proxy.engine.standing.cues import BROAD, labelled, limit
+from proxy.engine.standing.lexicon import (
     COMPARISON,
     CONCEPTS,
     NORMATIVE,

@@ -7,7 +7,7 @@ and the *type* of the value (money, a date, a version, a size, a count of some u
 product name). A fixed list of concepts cannot cover what users talk about, so supersession is decided here
 from those two, for any wording:
 
-* the slot (``proxy.engine.slots``) holds the statement's concept and its topic words: stemmed content words,
+* the slot (``proxy.engine.standing.slots``) holds the statement's concept and its topic words: stemmed content words,
   with generic ones ("budget", "thing", "month", "customer", common verbs) left out; a noun that names a kind
   of thing ("host", "branch", "ticket") is written ``noun@qualifier`` with the word right before it
   ("staging host" -> ``host@stag``), so that the staging host and the production host stay two items;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.engine.lexicon import COUNT_UNIT, DATE, DURATION, GENERIC, MONEY, SIZE, stem
+from proxy.engine.standing.lexicon import COUNT_UNIT, DATE, DURATION, GENERIC, MONEY, SIZE, stem
 
 # Kinds whose typed values can update each other: a date first booked (decision) then made a deadline
 # (constraint), an owner first assigned (decision) then named again (name).

@@ -1,6 +1,6 @@
 """The lexicon of standing instructions: words, values and the concepts users restate in many words.
 
-``proxy.engine.slots`` reads a sentence for what it sets; this module holds what that reading is made of:
+``proxy.engine.standing.slots`` reads a sentence for what it sets; this module holds what that reading is made of:
 
 * **Words**: ``content_words`` turns text into a slot key (stopwords, values and cue words removed, light
   stemming, a few synonyms merged, sorted), so word order and inflection do not make two slots of one topic.
@@ -103,7 +103,7 @@ def topic(text: str, value: str = "") -> str:
 
 
 def with_topic(key: str, text: str, value: str) -> str:
-    """A concept's slot ``key`` with the topic words of ``text`` after " ~ " (``proxy.engine.topics``)."""
+    """A concept's slot ``key`` with the topic words of ``text`` after " ~ " (``proxy.engine.standing.topics``)."""
     words = topic(text, value)
     return f"{key} ~ {words}" if words else key
 

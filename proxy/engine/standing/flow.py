@@ -1,6 +1,6 @@
 """The ledger of standing instructions at work: kept current at ingest, forwarded once compaction started.
 
-``proxy.engine.ledger`` finds the statements and decides what they replace; this module is where the engine
+``proxy.engine.standing.ledger`` finds the statements and decides what they replace; this module is where the engine
 meets the store and the assembled request:
 
 * **at ingest** (``said`` outside the write lock, ``record`` inside the transaction that appends the
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 from proxy import tokens
 from proxy.dialects import Dialect
-from proxy.engine import ledger
-from proxy.engine.ledger import Statement
 from proxy.engine.render import strip_reasoning
+from proxy.engine.standing import ledger
+from proxy.engine.standing.ledger import Statement
 from proxy.store.base import Reads, Writes
 from proxy.store.records import LedgerItem, SummaryRecord
 from proxy.types import Message

@@ -1,4 +1,4 @@
-"""Broad cues of a standing instruction, for phrasings no concept of the lexicon covers (``proxy.engine.slots``).
+"""Broad cues of a standing instruction, for phrasings no concept of the lexicon covers (``standing.slots``).
 
 Users set rules, limits, preferences, task state and decisions in many sentence shapes; what marks them is
 the shape, not the topic:
@@ -17,7 +17,7 @@ the shape, not the topic:
   limit is eight gigabytes", "caps us at 10,000 calls").
 
 A one-off request ("Run the tests again", "Show me the diff") has none of these marks and sets nothing. The
-slot of what they find is its topic (``proxy.engine.topics.topic``), so that an update in other words finds
+slot of what they find is its topic (``proxy.engine.standing.topics.topic``), so that an update in other words finds
 it; the value is typed where it can be (a date, a product, a quantity), the polarity for an order.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from proxy.engine.lexicon import (
+from proxy.engine.standing.lexicon import (
     COUNT_UNIT,
     DATE,
     DURATION,

@@ -4,7 +4,7 @@ A long session's rules ("never push to main"), hard constraints ("budget cap is 
 task state, decisions and names are stated once and acted on without being asked about again, so a summary that
 keeps a few facts by score loses most of them. The ledger keeps each as an item (``proxy.store.records.
 LedgerItem``) with the message it came from, replaces it when a later statement updates it, also in other words
-(``proxy.engine.topics``: the same kind family and slot, or the same topic with a value of the same type), and
+(``proxy.engine.standing.topics``: the same kind family and slot, or the same topic with a value of the same type), and
 is forwarded as one block right after the instructions once compaction has started.
 
 This module is the deterministic core, with no store and no I/O:
@@ -27,8 +27,8 @@ from proxy import tokens
 from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
-from proxy.engine.slots import classify
-from proxy.engine.topics import same_topic
+from proxy.engine.standing.slots import classify
+from proxy.engine.standing.topics import same_topic
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
 
@@ -101,7 +101,7 @@ def extract(text: str, role: str) -> list[Statement]:
 
 def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
     """Whether ``new`` replaces ``old``: the same thing, said later: the same kind family and slot key, or
-    (``proxy.engine.topics``) the same topic with a value of the same type."""
+    (``proxy.engine.standing.topics``) the same topic with a value of the same type."""
     if FAMILY.get(new.kind) == FAMILY.get(old.kind) and _key(new.slot) == _key(old.slot):
         return True
     return same_topic((new.kind, new.slot, new.value), (old.kind, old.slot, old.value))
