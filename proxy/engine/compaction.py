@@ -34,6 +34,7 @@ from proxy.engine.lease import CompactionLeases
 from proxy.engine.passes import SummaryWriter
 from proxy.engine.plan import Plan
 from proxy.engine.render import summary_tokens
+from proxy.engine.standing.flow import record_proposed
 from proxy.engine.summarize import Guard, Summarizer, SummaryPreempted
 from proxy.store.base import Reads, Store, reads_for
 from proxy.store.records import ConversationRecord, SummaryRecord
@@ -181,6 +182,7 @@ class Compactor:
                 return False
             for record, message_ids, child_ids in plan.pending:
                 await tx.insert_summary(record, message_ids, child_ids)
+            await record_proposed(tx, conversation_id, plan.proposed)
             await tx.set_context(conversation_id, [s.id for s in plan.summaries], plan.summarized_upto)
             await tx.set_stubbed_upto(conversation_id, plan.stubbed_upto)
         return True

@@ -15,6 +15,7 @@ the chat door's by default. The sweeps this process runs are ``proxy.engine.swee
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -173,6 +174,8 @@ class ContextEngine:
         if compacting is not None:
             compaction = await self.sweeps.wait_inline(conversation.id, compacting)
             conversation = await self._conversation(request.scope, conversation.id)
+            # The sweep may have added what the summary model read (``standing.proposals``).
+            request = dataclasses.replace(request, standing=await self._standing(conversation.id))
             view = await self._view(conversation, count, limit, request.dialect)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"

@@ -8,6 +8,7 @@ A pass changes only the sweep's working copy (``Plan``); ``Compactor.commit`` sw
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from proxy.engine.facts import (
 from proxy.engine.neutralise import defang_markers
 from proxy.engine.plan import Plan, view_message
 from proxy.engine.render import render_message, strip_reasoning, timestamp
+from proxy.engine.standing import proposals
+from proxy.engine.standing.proposals import standing_so_far
 from proxy.engine.summarize import (
     FALLBACK_MARKER,
     Guard,
@@ -79,12 +82,14 @@ class SummaryWriter:
         source_tokens = await asyncio.to_thread(tokens.count_text, source)
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
         context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
+        reading = self.settings.standing_instructions != "off"  # the ledger also takes what the model read
+        current = await self.store.read.ledger(conversation_id) if reading else []
         text = await self._write(
             summarizer,
             conversation_id,
             facts,
-            prompts=leaf_prompt,
-            material=f"{context}<conversation>\n{source}\n</conversation>",
+            prompts=functools.partial(leaf_prompt, standing=reading),
+            material=f"{context}{standing_so_far(current)}<conversation>\n{source}\n</conversation>",
             material_tokens=source_tokens,
             target=sizes.leaf_target,
             timeout=self.settings.summary_timeout,
@@ -109,6 +114,10 @@ class SummaryWriter:
             escalation=text.escalation,
             created_at=time.time(),
         )
+        if text.standing:
+            messages = {row.seq: view_message(row, stubbed=True)[0] for row in chunk}
+            offered = proposals.parse(text.standing)
+            plan.proposed += await asyncio.to_thread(proposals.accept, offered, messages, current, dialect)
         plan.pending.append((record, [row.id for row in chunk], []))
         plan.summaries.append(record)
         plan.summarized_upto = end
@@ -170,7 +179,7 @@ class SummaryWriter:
         if text is None:  # (a fallback reads the whole material: in a worker thread)
             return SummaryText(f"{await asyncio.to_thread(fallback)}\n{FALLBACK_MARKER}", 2, None)
         content = f"{text.content}\n\n{block}" if block else text.content
-        return SummaryText(content, text.escalation, text.model)
+        return SummaryText(content, text.escalation, text.model, text.standing)
 
     def _fanout(self, depth: int) -> int:
         return self.settings.leaf_min_fanout if depth == 0 else self.settings.condensed_min_fanout

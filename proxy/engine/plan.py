@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from proxy.engine.intercept import SEGMENTS_KEY, apply_patches
+from proxy.engine.standing.proposals import Plan as Proposal
 from proxy.store.records import ConversationRecord, MessageRecord, SummaryRecord
 from proxy.types import Message
 
@@ -45,6 +46,7 @@ class Plan:
     summarized_upto: int
     stubbed_upto: int
     pending: list[tuple[SummaryRecord, list[int], list[str]]] = field(default_factory=list)
+    proposed: list[Proposal] = field(default_factory=list)  # standing instructions the summariser read, verified
 
     @property
     def changed(self) -> bool:

@@ -27,6 +27,7 @@ from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.facts import clean_generation
 from proxy.engine.injection import remove_instruction_overrides
 from proxy.engine.render import strip_reasoning
+from proxy.engine.standing import proposals
 from proxy.errors import UpstreamError
 
 AUTH_STATUSES = frozenset({401, 403})
@@ -64,6 +65,7 @@ class SummaryText:
     content: str
     escalation: int  # 0 normal, 1 aggressive, 2 deterministic fallback
     model: str | None
+    standing: str = ""  # the standing instructions the model listed after its notes (``standing.proposals``)
 
 
 # Prompts are written for the weakest model in use, a 0.5B local one: the task comes *after* the material in
@@ -96,10 +98,12 @@ CONDENSED_TASK = (
 AGGRESSIVE_SUFFIX = " Be brief: only decisions and open questions, at most {target} tokens."
 
 
-def leaf_prompt(target: int, aggressive: bool) -> tuple[str, str]:
-    """(system prompt, task placed after the material) for a leaf summary."""
+def leaf_prompt(target: int, aggressive: bool, standing: bool = False) -> tuple[str, str]:
+    """(system prompt, task placed after the material) for a leaf summary; with ``standing``, the model is also
+    asked to list the standing instructions it read (``proxy.engine.standing.proposals``)."""
     task = LEAF_TASK.format(target=target)
-    return LEAF_PROMPT, task + AGGRESSIVE_SUFFIX.format(target=target) if aggressive else task
+    task = task + AGGRESSIVE_SUFFIX.format(target=target) if aggressive else task
+    return LEAF_PROMPT, f"{task} {proposals.PROMPT}" if standing else task
 
 
 def condensed_prompt(depth: int, target: int, aggressive: bool) -> tuple[str, str]:
@@ -230,13 +234,14 @@ async def summarize(
         )
         if answer is None:
             return None  # logged: 429/5xx/400 (retrying now would only add latency), a timeout, a bug
-        content = remove_instruction_overrides(clean_generation(strip_reasoning(answer or "")))
+        notes, standing = proposals.split(strip_reasoning(answer or ""))
+        content = remove_instruction_overrides(clean_generation(notes))
         # An answer longer than asked for (a model that ignores max_tokens, or echoes its input) keeps its first
         # lines within the cap; one that is not smaller than its source is no summary at all.
         content = clip_lines(content, max_tokens * 3 // 2 + 16)
         size = tokens.count_text(content)
         if content and size < source_tokens and not echoes(content):
-            return SummaryText(content, level, summarizer.model)
+            return SummaryText(content, level, summarizer.model, standing)
         log.warning(
             "%s summary of %s: unusable answer at level %d (%d tokens; %s)",
             kind,

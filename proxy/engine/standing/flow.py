@@ -30,6 +30,7 @@ from proxy.dialects import Dialect
 from proxy.engine.render import strip_reasoning
 from proxy.engine.standing import ledger
 from proxy.engine.standing.ledger import Statement
+from proxy.engine.standing.proposals import Plan
 from proxy.store.base import Reads, Writes
 from proxy.store.records import LedgerItem, SummaryRecord
 from proxy.types import Message
@@ -62,6 +63,20 @@ async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]
     return role, ledger.extract(text, role)
 
 
+def read_statements(message: Message, dialect: Dialect | None = None) -> tuple[str, list[Statement]]:
+    """(role, statements) of one message, read on the calling thread (``said`` is its ingest form)."""
+    from proxy.dialects.chat import CHAT
+
+    dialect = dialect or CHAT
+    role = dialect.role(message)
+    text = ""
+    if role in ledger.SETTERS:
+        text = strip_reasoning(dialect.text(message))
+    elif message.get("role") == "user" and isinstance(message.get("content"), list):
+        role, text = "user", "\n".join(_typed_text(message["content"]))
+    return role, ledger.extract(text, role) if text else []
+
+
 async def record(tx: Writes, conversation_id: str, start: int, new: Said) -> int:
     """Store the statements of the messages just appended at seqs ``start``…: new items, and the current
     items each one supersedes (a pinned item's pin passes to its update). Returns the items added."""
@@ -76,7 +91,7 @@ async def record(tx: Writes, conversation_id: str, start: int, new: Said) -> int
         seq = start + offset
         rows = await tx.messages(conversation_id, seq, seq + 1)
         message_id = rows[0].id if rows else 0
-        for statement, superseded in ledger.reconcile(current, statements):
+        for statement, superseded in ledger.reconcile(current, statements, role):
             pinned = any(item.id in superseded and item.state == "pinned" for item in current)
             item = LedgerItem(
                 id=new_item_id(), conversation_id=conversation_id, kind=statement.kind, slot=statement.slot,
@@ -92,6 +107,42 @@ async def record(tx: Writes, conversation_id: str, start: int, new: Said) -> int
             current.append(item)
             added += 1
     return added
+
+
+async def record_proposed(tx: Writes, conversation_id: str, plans: Sequence[Plan]) -> int:
+    """Store what the summariser read and the proxy verified (``proposals.accept``), in the transaction that
+    swaps its summary in: new items, the items each one replaces or lifts (only those still current and said
+    before it), and for a statement the ledger already holds, only what it changes. Returns the items added."""
+    if not plans:
+        return 0
+    current = await tx.ledger(conversation_id)
+    added = 0
+    for plan in plans:
+        live = {item.id: item for item in current if item.current}
+        named = [i for i in plan.changes if i in live and live[i].seq < plan.seq and i != plan.existing]
+        if plan.existing is not None:
+            if named and plan.existing in live:
+                await tx.supersede_ledger_items(named, plan.existing, plan.seq)
+                current = _superseded(current, named, plan.existing, plan.seq)
+            continue
+        rows = await tx.messages(conversation_id, plan.seq, plan.seq + 1)
+        for statement, superseded in ledger.reconcile(current, [plan.statement], plan.role):
+            ids = [*superseded, *(i for i in named if i not in superseded)]
+            item = LedgerItem(
+                id=new_item_id(), conversation_id=conversation_id, kind=statement.kind, slot=statement.slot,
+                value=statement.value, text=statement.text, seq=plan.seq, message_id=rows[0].id if rows else 0,
+                role=plan.role, created_at=time.time(),
+            )  # fmt: skip
+            await tx.add_ledger_items([item])
+            if ids:
+                await tx.supersede_ledger_items(ids, item.id, plan.seq)
+            current = [*_superseded(current, ids, item.id, plan.seq), item]
+            added += 1
+    return added
+
+
+def _superseded(items: list[LedgerItem], ids: Sequence[str], by: str, seq: int) -> list[LedgerItem]:
+    return [replace(i, superseded_seq=seq, superseded_by=by) if i.id in ids else i for i in items]
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy import tokens
 from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
+from proxy.engine.standing.changes import changes, lifted
+from proxy.engine.standing.cues import typed_value
+from proxy.engine.standing.lexicon import GENERIC, content_words
 from proxy.engine.standing.slots import classify
-from proxy.engine.standing.topics import same_topic
+from proxy.engine.standing.speech import negated, not_own, own_prose
+from proxy.engine.standing.topics import same_topic, value_type
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
 
@@ -41,6 +45,8 @@ SETTERS = {
 }
 # Kinds that can update each other: "you may push to main now" (a rule) lifts "never push to main", and
 # "keep p99 under 200 ms" is a limit whichever of the two a phrasing lands on.
+ASSISTANT_ROLES = frozenset({"assistant", "model"})
+LIFTERS = frozenset({"user", "system", "developer"})  # who may lift an item, or say that it changed
 FAMILY = {"rule": "rule", "constraint": "rule", "preference": "preference", "goal": "goal", "decision": "decision",
           "name": "decision"}  # fmt: skip
 OPEN_TAG = '<standing_instructions source="lcm-proxy">'
@@ -49,14 +55,6 @@ INTRO = (
     "Set earlier in this conversation and still in force (latest version of each; the messages they came from "
     "were summarised):"
 )
-_FENCE = re.compile(r"```[^`]*(?:`(?!``)[^`]*)*```")
-_FILE_BLOCK = re.compile(r"<file\b[^>]{0,500}>.*?(?:</file>|\Z)", re.S | re.I)
-# The proxy's own stub of a payload stored out of line: its exploration quotes the payload's lines.
-_STUB = re.compile(
-    r"\[LCM (?:File|Tool Output): [^\]\n]{0,400}\].*?(?:\(Stored out of line by lcm-proxy\.[^)\n]{0,300}\)|\Z)", re.S
-)
-_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.S | re.I)
-_QUOTED = re.compile(r"^[ \t]{0,3}>[^\n]*", re.M)
 _ASSISTANT_ACTION = re.compile(
     r"\b(?:let's|let us|I'll|I will|I'm going to)\s+(?:use|run|try|check)\s+\S+\s+to\s", re.I
 )
@@ -70,6 +68,11 @@ class Statement:
     value: str  # the part an update changes, as written ("$800", "five hundred dollars", "metric units")
     text: str  # the sentence as stated, whitespace collapsed, credentials masked, at most ~300 characters
 
+    @property
+    def negative(self) -> bool:
+        """Whether it forbids or refuses what it names (``speech.negated``): compared in every repeat test."""
+        return negated(self.text)
+
 
 def extract(text: str, role: str) -> list[Statement]:
     """The standing instructions in one message's ``text``, in order; of two in one message about the same
@@ -77,19 +80,22 @@ def extract(text: str, role: str) -> list[Statement]:
     kinds = SETTERS.get(role, ())
     if not kinds or not text:
         return []
-    # Code, quoted lines, pasted file blocks and a client's own reminders are material, not what the speaker
-    # sets: a web page or a README quoted in a message must not become a standing rule.
-    prose = redact_secrets(text[:MAX_INPUT_CHARS])
-    for pattern in (_FENCE, _FILE_BLOCK, _STUB, _REMINDER, _QUOTED):
-        prose = pattern.sub("\n", prose)
+    # Code, quoted lines, pasted documents and a client's own reminders are material, not what the speaker
+    # sets: a web page or a README quoted in a message must not become a standing rule (``speech.own_prose``).
+    prose = own_prose(redact_secrets(text[:MAX_INPUT_CHARS]))
     found: dict[tuple[str, str], Statement] = {}
     for sentence in sentences(prose):
-        if is_instruction_override(sentence):
-            continue
+        if is_instruction_override(sentence) or not_own(sentence):
+            continue  # an override, someone else's rule, a hypothetical, a hedge, a log or code line
         if role == "assistant" and _ASSISTANT_ACTION.search(sentence):
             continue  # "Let's use ripgrep to find the call sites": a step of the work, not a decision
+        if role in LIFTERS and (topic := lifted(sentence)) and (words := content_words(topic)):
+            found[("lift", words)] = Statement("lift", words, "lifted", sentence)
+            continue
         classified = classify(sentence, kinds)
         if classified is None:
+            if role in LIFTERS and changes(sentence) and (words := content_words(sentence)):
+                found[("follow", words)] = Statement("follow", words, typed_value(sentence) or "", sentence)
             continue
         kind, slot, value = classified
         if MARKER in value or KNOWN_MARKER in value:
@@ -112,28 +118,69 @@ def _key(slot: str) -> str:
 
 
 def _repeats(new: Statement, old: Statement | LedgerItem) -> bool:
-    return supersedes(new, old) and _norm(new.value) == _norm(old.value)
+    """The same thing said again, the same way round: "Please answer in French" does not repeat "Don't answer
+    in French", it reverses it."""
+    return supersedes(new, old) and _norm(new.value) == _norm(old.value) and negated(new.text) == negated(old.text)
 
 
 def _norm(value: str) -> str:
     return " ".join(value.casefold().split())
 
 
-def reconcile(current: Sequence[LedgerItem], new: Sequence[Statement]) -> list[tuple[Statement, list[str]]]:
+def reconcile(
+    current: Sequence[LedgerItem], new: Sequence[Statement], role: str = "user"
+) -> list[tuple[Statement, list[str]]]:
     """For the statements of one new message, in order: each statement to add, with the ids of the current
     items it supersedes. One that repeats a current item (same kind family, slot and value), or one added
     just before it, is not added."""
     live = [item for item in current if item.current]
     # A dropped item is still replaced by its update (else restoring it later would make two current budgets),
-    # but restating it adds it again: the user says it holds.
-    open_items = [item for item in current if item.superseded_seq is None]
+    # but restating it adds it again: the user says it holds. What the user or the instructions set, an
+    # assistant's turn never replaces ("we decided the budget is $5,000" leaves the user's cap in force).
+    open_items = [item for item in current if item.superseded_seq is None and _may_replace(role, item.role)]
     added: list[tuple[Statement, list[str]]] = []
     for statement in new:
+        if statement.kind in ("lift", "follow"):
+            if change := _change(statement, [i for i in live if _may_replace(role, i.role)]):
+                added.append(change)
+            continue
         if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for s, _ in added):
             continue
         added = [(s, ids) for s, ids in added if not supersedes(statement, s)]
         added.append((statement, [item.id for item in open_items if supersedes(statement, item)]))
     return added
+
+
+def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement, list[str]] | None:
+    """A revocation or a change the reader could not read as an instruction, against the current items it is
+    about (those sharing the most topic words with it; none: it is about nothing in force, and is dropped).
+    A revocation lifts them all. A change is shown after the latest of them, in its kind and slot (so a later
+    update replaces both); it replaces that item only on evidence: a new value of the same type."""
+    words = _topic_words(statement.slot)
+    scored = [(len(words & _topic_words(item.slot)), item) for item in live]
+    best = max((n for n, _ in scored), default=0)
+    if best == 0:
+        return None
+    related = [item for n, item in scored if n == best]
+    if statement.kind == "lift":
+        return replace(statement, kind=related[-1].kind, slot=related[-1].slot), [item.id for item in related]
+    item = related[-1]
+    update = replace(statement, kind=item.kind, slot=item.slot, value=statement.value or "changed")
+    concept = item.slot.partition(" ")[0]
+    same_type = bool(statement.value) and value_type(statement.value, concept) == value_type(item.value, concept)
+    if same_type and _norm(statement.value) == _norm(item.value):
+        return None  # said again
+    return update, [item.id] if same_type and value_type(item.value, concept) != "text" else []
+
+
+def _topic_words(slot: str) -> set[str]:
+    key, _, topics = slot.partition(" ~ ")
+    words = (topics or key).replace("@", " ").split()
+    return {w for w in words if w not in GENERIC and len(w) > 2}
+
+
+def _may_replace(role: str, owner: str) -> bool:
+    return role not in ASSISTANT_ROLES or owner in ASSISTANT_ROLES
 
 
 def _priority(item: LedgerItem) -> tuple[int, int, int, str]:
