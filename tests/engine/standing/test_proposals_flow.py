@@ -33,9 +33,9 @@ class Reader:
         if "Refund me the shipping" in user:
             lines.append("rule | You must refund me the shipping too")
         lines.append("constraint | The budget is 9000 euros")  # said by no one
-        if match := re.search(r"(led_[0-9a-f]{16}) \| rule \| .*niemals", user):
-            if "Ab jetzt darfst du direkt auf main pushen" in user:
-                lines.append(f"rule | Ab jetzt darfst du direkt auf main pushen | lifts {match.group(1)}")
+        match = re.search(r"(led_[0-9a-f]{16}) \| rule \| .*niemals", user)
+        if match and "Ab jetzt darfst du direkt auf main pushen" in user:
+            lines.append(f"rule | Ab jetzt darfst du direkt auf main pushen | lifts {match.group(1)}")
         return "\n".join(lines)
 
 
