@@ -379,3 +379,18 @@ def test_the_readme_shows_the_commands_ci_runs() -> None:
     assert "-e '.[test]'" in installs
     missing += [f"pip install {spec}" for spec in installs if f"pip install {spec}" not in readme]
     assert not missing, f"the README does not show what .ci/run runs: {missing}"
+
+
+def test_the_readmes_test_command_installs_what_the_tests_need() -> None:
+    """The README's install-and-test command passes on a fresh clone: it is ``bash .ci/run``, which installs what
+    the tests need besides Python (PostgreSQL's server binaries, Chromium), not ``pip install`` and a bare
+    ``pytest``, which leaves the browser tests failing for want of Chromium."""
+    section = _read(REPO / "README.md").split("## Install and run", 1)[1].split("\n## ", 1)[0]
+    block = FENCE.findall(section)[0].splitlines()[1:-1]
+    tests = [line.strip() for line in block if "pytest" in line or ".ci/run" in line]
+    assert tests == ["bash .ci/run"], f"the README's install-and-test command is not .ci/run: {tests}"
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    browser = (REPO / "tests" / "wire" / "test_browser.py").read_text(encoding="utf-8")
+    chromium = re.search(r'^CHROMIUM = "([^"]+)"$', browser, re.MULTILINE)
+    assert chromium and f"[ ! -x {chromium.group(1)} ]" in ci and "apt-get install" in ci and "chromium" in ci
+    assert "initdb" in ci and "postgresql" in ci

@@ -23,7 +23,7 @@ from proxy.cli.ledger import add_ledger_command
 from proxy.cli.operator import add_reading_commands, cmd_ledger
 from proxy.config.logs import configure_serving_logs
 from proxy.scopes import user_scope
-from proxy.store.location import Location, is_postgres_url
+from proxy.store.location import Location, is_postgres_url, missing_postgres_driver
 
 DEFAULT_CONFIG = "config/proxy.yaml"
 log = logging.getLogger("lcm_proxy")
@@ -150,13 +150,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if not location.exists():
         print(f"lcm-proxy migrate: no database at {location.describe()}", file=sys.stderr)
         return 1
-    try:
-        from proxy.store.migrate import run_migrate
-    except ImportError as error:
-        if error.name not in ("psycopg", "psycopg_pool"):
-            raise
-        print("lcm-proxy migrate: the PostgreSQL driver is missing: pip install 'lcm-proxy[postgres]'", file=sys.stderr)
+    missing = missing_postgres_driver()
+    if missing is not None:
+        print(f"lcm-proxy migrate: --to: {missing}", file=sys.stderr)
         return 1
+    from proxy.store.migrate import run_migrate
+
     return run_migrate(location.data_dir, args.to, batch_rows=args.batch_size)
 
 

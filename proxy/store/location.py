@@ -16,18 +16,20 @@ if TYPE_CHECKING:
     from proxy.store.base import Blobs, Store
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-POSTGRES_EXTRA = "pip install 'lcm-proxy[postgres]'"
+# What installs the driver however lcm-proxy was installed: the ``postgres`` extra's requirement itself (lcm-proxy
+# is not on PyPI, so ``pip install 'lcm-proxy[postgres]'`` fails), and the extra, from a clone.
+POSTGRES_INSTALL = "pip install 'psycopg[binary,pool]>=3.2,<4' (in a clone of lcm-proxy: pip install '.[postgres]')"
 POSTGRES_DRIVER = ("psycopg", "psycopg_pool")  # the [postgres] extra's modules
 
 
 def missing_postgres_driver() -> str | None:
     """What to say when the PostgreSQL store's driver is not installed (it is an optional extra), else None.
-    Asked before a PostgreSQL store is used, so that the message names the extra instead of a traceback."""
+    Asked before a PostgreSQL store is used, so that the message names what installs it instead of a traceback."""
     for name in POSTGRES_DRIVER:
         try:
             importlib.import_module(name)
         except ImportError:
-            return f"the PostgreSQL store needs the psycopg driver, which is not installed: {POSTGRES_EXTRA}"
+            return f"the PostgreSQL store needs the psycopg driver, which is not installed: {POSTGRES_INSTALL}"
     return None
 
 

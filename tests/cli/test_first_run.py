@@ -9,23 +9,32 @@ simulated with ``sys.modules[name] = None``, which makes its import raise Import
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import re
 import sys
 import textwrap
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 from starlette.requests import Request
 
 import proxy.cli.serving
 from proxy.cli import main as cli
 from proxy.config.loading import parse_config
 from proxy.errors import AuthenticationError, ConfigError
+from proxy.store.location import POSTGRES_INSTALL, Location
 from proxy.wire.auth import Authenticator
+from tests.support import REPO
 
-EXTRA = "pip install 'lcm-proxy[postgres]'"
+# What installs the driver wherever lcm-proxy came from (it is not on PyPI: ``pip install 'lcm-proxy[postgres]'``
+# fails), and from a clone.
+EXTRA = "pip install 'psycopg[binary,pool]>=3.2,<4' (in a clone of lcm-proxy: pip install '.[postgres]')"
 MODEL = {"model_name": "m", "litellm_params": {"model": "openai/m"}, "model_info": {"max_input_tokens": 8192}}
 
 
@@ -188,3 +197,35 @@ def test_sqlite_needs_no_postgresql_driver(
     path = write_config(tmp_path, f"data_dir: {tmp_path / 'data'}\n")
     assert cli.main(["check-config", str(path)]) == 0
     assert "psycopg" not in capsys.readouterr().err
+
+
+def test_the_driver_hint_installs_the_postgres_extras_own_requirements() -> None:
+    """The hint names no package that is not on PyPI (``lcm-proxy[postgres]`` fails from a clone) but the
+    ``postgres`` extra's own requirements, as pyproject.toml states them, which the installed driver satisfies;
+    and, for a clone, the extra itself."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    hint = POSTGRES_INSTALL
+    assert "lcm-proxy[" not in hint
+    named = re.findall(r"pip install '([^']+)'", hint)
+    assert named == [*extras["postgres"], ".[postgres]"], hint
+    for requirement in map(Requirement, extras["postgres"]):
+        assert requirement.specifier.contains(version(requirement.name)), f"{requirement} is not what is installed"
+
+
+def test_migrate_names_the_driver_install_when_the_driver_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    asyncio.run(_create_store(Location(data)))  # the SQLite store migrate would copy
+    path = write_config(tmp_path, f"data_dir: {data}\n")
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "proxy.store.migrate", raising=False)
+    assert cli.main(["migrate", "--config", str(path), "--to", "postgresql://lcm@127.0.0.1:9/lcm"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and EXTRA in err, err
+
+
+async def _create_store(where: Location) -> None:
+    store, _ = where.stores()
+    await store.open()
+    await store.close()

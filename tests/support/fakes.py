@@ -23,6 +23,16 @@ from starlette.routing import Route
 
 
 @dataclass
+class Streamed:
+    """What became of one streamed reply (``Reply.streamed``), set by the fake as it streams it: wait on its
+    events, not on time."""
+
+    finished: threading.Event = field(default_factory=threading.Event)  # the stream ended, however it ended
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the proxy hung up before the end
+    chunks: int = 0  # content chunks sent
+
+
+@dataclass
 class Reply:
     content: str | None = "Hello from the fake upstream."
     tool_calls: list[dict[str, Any]] | None = None
@@ -33,6 +43,9 @@ class Reply:
     delay: float = 0.0  # seconds before answering (headers included)
     chunk_delay: float = 0.0  # seconds between streamed chunks
     cut_after: int | None = None  # streaming: drop the connection after this many content chunks
+    # Streaming: after the content, keep the stream open and silent until the proxy hangs up (it never ends on
+    # its own, so ``streamed.finished`` means the proxy closed it).
+    hold_open: bool = False
     raw_body: bytes | None = None  # send these bytes instead of a JSON body (embeddings too)
     headers: dict[str, str] | None = None  # extra response headers (``retry-after``...) of a raw or error answer
     # Stream these pieces as text/event-stream, each sent as it comes; a number is a pause of that many seconds
@@ -41,6 +54,7 @@ class Reply:
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
     )
+    streamed: Streamed = field(default_factory=Streamed)
 
 
 @dataclass
@@ -67,9 +81,6 @@ class FakeUpstream:
         self.script: deque[Reply] = deque()
         # Called with the request body when the script is empty; returns the reply (e.g. a scripted model).
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
-        self.stream_finished = threading.Event()  # set when a streaming generator ends (done or cancelled)
-        self.stream_cancelled = threading.Event()
-        self.chunks_sent = 0
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -105,7 +116,7 @@ class FakeUpstream:
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.raw_sse is not None:
-            return StreamingResponse(self._raw_stream(reply.raw_sse), media_type="text/event-stream")
+            return StreamingResponse(self._raw_stream(reply), media_type="text/event-stream")
         if reply.raw_body is not None:
             return Response(
                 reply.raw_body, status_code=reply.status, media_type="application/json", headers=reply.headers
@@ -142,18 +153,18 @@ class FakeUpstream:
             }
         )
 
-    async def _raw_stream(self, pieces: list[bytes | float]):  # type: ignore[no-untyped-def]
+    async def _raw_stream(self, reply: Reply):  # type: ignore[no-untyped-def]
         try:
-            for piece in pieces:
+            for piece in reply.raw_sse or []:
                 if isinstance(piece, bytes):
                     yield piece
                 else:
                     await asyncio.sleep(piece)
         except asyncio.CancelledError:
-            self.stream_cancelled.set()
+            reply.streamed.cancelled.set()
             raise
         finally:
-            self.stream_finished.set()
+            reply.streamed.finished.set()
 
     async def _stream(self, body: dict[str, Any], reply: Reply):  # type: ignore[no-untyped-def]
         base = {
@@ -175,8 +186,10 @@ class FakeUpstream:
                     return
                 if reply.chunk_delay:
                     await asyncio.sleep(reply.chunk_delay)
-                self.chunks_sent += 1
+                reply.streamed.chunks += 1
                 yield event([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+            if reply.hold_open:
+                await asyncio.Event().wait()  # never set: only the proxy's hang-up (a cancellation) ends it
             for j, call in enumerate(reply.tool_calls or []):
                 delta = {"tool_calls": [{"index": j, **call}]}
                 yield event([{"index": 0, "delta": delta, "finish_reason": None}])
@@ -186,10 +199,10 @@ class FakeUpstream:
                 yield event([], usage=reply.usage)
             yield "data: [DONE]\n\n"
         except asyncio.CancelledError:
-            self.stream_cancelled.set()
+            reply.streamed.cancelled.set()
             raise
         finally:
-            self.stream_finished.set()
+            reply.streamed.finished.set()
 
     # --- the rest of OpenAI's API: embeddings, legacy completions, moderations, audio, images ----------------
     # Each records what it received (multipart files as {"filename", "content_type", "content"}) and answers
@@ -340,9 +353,6 @@ def session_fake(fake: FakeUpstream) -> Iterator[FakeUpstream]:
 def reset_fake(fake: FakeUpstream) -> FakeUpstream:
     fake.requests.clear()
     fake.script.clear()
-    fake.stream_finished.clear()
-    fake.stream_cancelled.clear()
-    fake.chunks_sent = 0
     fake.responder = None
     return fake
 
