@@ -11,7 +11,7 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, load, overhead, store
+from bench import compaction, delete, fidelity, ingest, kit, load, overhead, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
@@ -21,9 +21,10 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "overhead": overhead.main,
     "load": load.main,
     "fidelity": fidelity.main,
+    "kit": kit.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "load", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "kit", "load", "store"}
 
 
 def main() -> None:
