@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -69,6 +69,8 @@ SEEDS = (1, 2, 3, 4)
 ROUNDS = 5
 QUICK_SEEDS = (1,)
 QUICK_ROUNDS = 2
+TOLERANCE = 0.01  # the window search's resolution, a fraction of the window
+QUICK_TOLERANCE = 0.05
 MAX_TOKENS = 48  # every request's max_tokens: the proxy reserves it out of the window
 SUMMARY_WINDOW = 8192  # the summary model's window
 STEP = 1.25  # the factor by which the window search widens or shrinks before it bisects
@@ -317,7 +319,7 @@ class Call:
 class Contest:
     """What every ``compact`` call of the run left, for the tables after the kit's leaderboard."""
 
-    upstream: KitUpstream
+    upstream: KitUpstream | None  # None: a run read back from its JSON file
     url: str
     tolerance: float
     calls: list[Call] = field(default_factory=list)
@@ -344,6 +346,7 @@ class LcmProxyCompactor:
         from compaction_kit import CompactedContext
 
         contest = self.contest
+        assert contest.upstream is not None, "a contest read back from JSON runs nothing"
         messages = to_messages(turns)
         budget = budget_chars if budget_chars is not None else 10**9
         # Start where the previous call of this budget and round ended (scaled to this budget), else a guess of
@@ -398,10 +401,168 @@ def run(
     return payload, contest, warnings
 
 
+# --- why lcm-proxy lost what it lost ---------------------------------------------------------------------------
+
+_BLOCKS = {
+    "ledger": re.compile(r"<standing_instructions\b.*?</standing_instructions>", re.S),
+    "summary": re.compile(r"<summary\b.*?</summary>", re.S),
+    "recall": re.compile(r"<recalled_history\b.*?</recalled_history>", re.S),
+}
+CAUSES = {
+    "not extracted": "its statement set no ledger item (proxy/engine/slots.py classify found nothing in it)",
+    "partial item": "its item keeps one sentence of its statement, without the other's tokens (ledger.extract)",
+    "falsely superseded": "its item was superseded by a statement about something else (ledger.supersedes)",
+    "no ledger block": "no block at all: a message limit under 400 tokens has no ledger share (budget.ledger_share)",
+    "block capped": "its item is current but did not fit the block's share (ledger.select, budget.ledger_share)",
+    "lost later": "held in this round's input, not in what the proxy forwarded for it",
+}
+
+
+def sections(text: str) -> dict[str, str]:
+    """The forwarded text by part: the ledger block, summaries, recall block, and the raw rest."""
+    out = {name: "\n".join(m.group(0) for m in pattern.finditer(text)) for name, pattern in _BLOCKS.items()}
+    raw = text
+    for pattern in _BLOCKS.values():
+        raw = pattern.sub("", raw)
+    out["raw"] = raw
+    return out
+
+
+def session_of(corpus: str, seed: int) -> tuple[Any, list[Any], dict[str, Any]]:
+    from compaction_kit import build_random_session, build_semantic_heldout_session, build_semantic_session
+
+    if corpus == "randomized":
+        session, canaries = build_random_session(seed)
+        return session, canaries, {"conflicts": [c.id for c in canaries if c.superseded_tokens]}
+    builder = build_semantic_session if corpus == "semantic" else build_semantic_heldout_session
+    built: tuple[Any, list[Any], dict[str, Any]] = builder(seed)
+    return built
+
+
+def _holds(text: str, tokens: tuple[str, ...]) -> bool:
+    low = text.lower()
+    return all(t.lower() in low for t in tokens)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One canary lcm-proxy did not hold in the last round."""
+
+    budget_fraction: float
+    corpus: str
+    seed: int
+    canary: str
+    kind: str
+    round: int  # the first round that lost it
+    cause: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A superseded value still in lcm-proxy's last-round output."""
+
+    budget_fraction: float
+    corpus: str
+    seed: int
+    canary: str
+    tokens: tuple[str, ...]
+    where: tuple[str, ...]  # the parts of the forwarded text it is in
+    current_item: bool  # the old statement's item is still current (the update was not recognised)
+
+
+def cause_of(canary: Any, call: Call) -> tuple[str, str]:
+    """Why ``call``'s output lost ``canary`` (held in its input): from that replay's ledger and output."""
+    if call.search.chosen is None:
+        return "lost later", "no window fits the budget"
+    ledger = call.search.chosen.ledger
+    tokens = [t.lower() for t in canary.required_tokens]
+    content = " ".join(canary.content.lower().split())
+    own = [i for i in ledger if " ".join(i["text"].lower().split()) in content]  # items from its own statement
+    full = [i for i in own if all(t in i["text"].lower() for t in tokens)]
+    if not own:
+        return "not extracted", ""
+    if not full:
+        best = max(own, key=lambda i: sum(t in i["text"].lower() for t in tokens))
+        missing = [t for t in tokens if t not in best["text"].lower()]
+        return "partial item", f"{best['text']!r} lacks {', '.join(missing)}"
+    current = [i for i in full if i["superseded_seq"] is None and i["state"] != "dropped"]
+    if not current:
+        by_id = {i["id"]: i for i in ledger}
+        item = full[-1]
+        newer = by_id.get(item["superseded_by"] or "", {})
+        return "falsely superseded", f"{item['text']!r} by {newer.get('text', '?')!r}"
+    block = sections(call.output)["ledger"]
+    if not block:
+        return "no ledger block", f"{len(ledger)} items, none forwarded"
+    shown = block.count("\n- [")
+    return "block capped", f"{shown} of {sum(i['superseded_seq'] is None for i in ledger)} current items shown"
+
+
+def by_round(contest: Contest) -> dict[tuple[float, int], tuple[int, int, int, int, int]]:
+    """Per (budget, round), scored as the kit scores the last round: randomized canaries held (of all), and
+    semantic conflicts resolved (latest held, no stale value) and with a stale value present (of all)."""
+    from compaction_kit import BehaviorProbe
+
+    probe = BehaviorProbe()
+    out: dict[tuple[float, int], list[int]] = {}
+    for call in contest.calls:
+        _, canaries, meta = session_of(call.corpus, call.seed)
+        cell = out.setdefault((call.budget_fraction, call.round), [0, 0, 0, 0, 0])
+        if call.corpus == "randomized":
+            cell[0] += sum(probe.probe(c, call.output).survived for c in canaries)
+            cell[1] += len(canaries)
+            continue
+        low = call.output.lower()
+        for canary in (c for c in canaries if c.id in meta["conflicts"]):
+            latest = _holds(low, canary.required_tokens)
+            old = any(t.lower() in low for t in canary.superseded_tokens)
+            cell[2] += latest and not old
+            cell[3] += 1
+            cell[4] += old
+    return {key: (a, b, c, d, e) for key, (a, b, c, d, e) in out.items()}
+
+
+def diagnose(contest: Contest) -> tuple[list[Loss], list[Stale]]:
+    """Every canary lcm-proxy's last round did not hold, with the round it was lost in and why; every stale
+    value its last round still carried, with where."""
+    losses: list[Loss] = []
+    stale: list[Stale] = []
+    runs: dict[tuple[float, str, int], list[Call]] = {}
+    for call in contest.calls:
+        runs.setdefault((call.budget_fraction, call.corpus, call.seed), []).append(call)
+    for (fraction, corpus, seed), calls in runs.items():
+        calls.sort(key=lambda c: c.round)
+        _, canaries, meta = session_of(corpus, seed)
+        final = calls[-1].output
+        for canary in canaries:
+            if not _holds(final, canary.required_tokens):
+                call = next(c for c in calls if not _holds(c.output, canary.required_tokens))
+                if _holds(call.input_text, canary.required_tokens) or call.round == 1:
+                    cause, detail = cause_of(canary, call)
+                else:
+                    cause, detail = "lost later", ""
+                losses.append(Loss(fraction, corpus, seed, canary.id, canary.type.value, call.round, cause, detail))
+            if canary.id in meta["conflicts"]:
+                found = tuple(t for t in canary.superseded_tokens if t.lower() in final.lower())
+                if found:
+                    parts = sections(final)
+                    where = tuple(k for k, v in parts.items() if any(t.lower() in v.lower() for t in found))
+                    ledger = calls[-1].search.chosen.ledger if calls[-1].search.chosen else []
+                    live = any(
+                        i["superseded_seq"] is None and any(t.lower() in i["text"].lower() for t in found)
+                        for i in ledger
+                    )
+                    stale.append(Stale(fraction, corpus, seed, canary.id, found, where, live))
+    return losses, stale
+
+
 # --- tables ---------------------------------------------------------------------------------------------------
 
 
-def print_tables(payload: dict[str, Any], contest: Contest, warnings: Counter[str], seconds: float) -> None:
+def print_tables(
+    payload: dict[str, Any], contest: Contest, warnings: Counter[str], seconds: float, every: bool = False
+) -> None:
     from compaction_kit import budget_benchmark_to_markdown
 
     print(
@@ -420,6 +581,14 @@ def print_tables(payload: dict[str, Any], contest: Contest, warnings: Counter[st
         sup = entry["randomized"]["supersession"]
         cells = " | ".join(f"{by_type.get(t, 0):.0%}" for t in types)
         print(f"| {entry['budget_fraction']:.0%} | {cells} | {sup['latest']}/{sup['n']} / {sup['stale']}/{sup['n']} |")
+    print("\n### lcm-proxy round by round (the kit scores the last round only)\n")
+    print("| budget | round | survival (randomized) | semantic resolved | stale present (semantic) |")
+    print("|---:|---:|---:|---:|---:|")
+    for (fraction, round_), (held, total, resolved, conflicts, stale) in sorted(by_round(contest).items()):
+        print(
+            f"| {fraction:.0%} | {round_} | {held}/{total} ({held / max(1, total):.1%}) |"
+            f" {resolved}/{conflicts} ({resolved / max(1, conflicts):.1%}) | {stale}/{conflicts} |"
+        )
     print("\n### lcm-proxy's windows (the largest whose forwarded text fits the budget)\n")
     print(
         "| budget | round | budget chars (median) | window tokens min / median / max | output chars / budget (max) |"
@@ -454,7 +623,58 @@ def print_tables(payload: dict[str, Any], contest: Contest, warnings: Counter[st
     )
     for message, count in warnings.most_common(4):
         print(f"  proxy warning x{count}: {message}")
+    print_diagnosis(contest, every)
     print(f"\nwall time of the whole run: {seconds:.0f} s")
+
+
+def print_diagnosis(contest: Contest, every: bool) -> None:
+    """Why lcm-proxy lost the canaries it lost (and which stale values it kept), counted by cause; ``every``:
+    one line per canary as well."""
+    losses, stale = diagnose(contest)
+    types = ("safety_rule", "hard_constraint", "fact", "goal_state", "user_preference")
+    print("\n### Why lcm-proxy lost canaries (every corpus, last round; the cause is read in the round that lost it)\n")
+    print("| budget | cause | lost | " + " | ".join(types) + " | lost in round 1 / later | example |")
+    print("|---:|---|---:|" + "---:|" * len(types) + "---|---|")
+    for fraction in sorted({c.budget_fraction for c in contest.calls}):
+        mine = [loss for loss in losses if loss.budget_fraction == fraction]
+        for cause in CAUSES:
+            of = [loss for loss in mine if loss.cause == cause]
+            if not of:
+                continue
+            kinds = " | ".join(str(sum(loss.kind == t for loss in of)) for t in types)
+            first = sum(loss.round == 1 for loss in of)
+            example = next((loss for loss in of if loss.detail), of[0])
+            text = f"{example.canary}: {example.detail}" if example.detail else example.canary
+            print(
+                f"| {fraction:.0%} | {cause} | {len(of)} | {kinds} | {first} / {len(of) - first} |"
+                f" {text[:150].replace('|', '/')} |"
+            )
+    print()
+    for cause, meaning in CAUSES.items():
+        print(f"- {cause}: {meaning}")
+    print("\n### Stale values lcm-proxy still forwarded in the last round\n")
+    print(
+        "| budget | stale present | in the ledger block | in summaries | in raw messages | in recall | old item still current |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for fraction in sorted({c.budget_fraction for c in contest.calls}):
+        kept = [st for st in stale if st.budget_fraction == fraction]
+        counts = [sum(part in st.where for st in kept) for part in ("ledger", "summary", "raw", "recall")]
+        print(
+            f"| {fraction:.0%} | {len(kept)} | {' | '.join(map(str, counts))} | {sum(st.current_item for st in kept)} |"
+        )
+    if every:
+        print("\n### Every canary lcm-proxy lost\n")
+        for loss in losses:
+            print(
+                f"- {loss.budget_fraction:.0%} {loss.corpus} seed {loss.seed} {loss.canary} ({loss.kind}), round"
+                f" {loss.round}: {loss.cause}{': ' + loss.detail if loss.detail else ''}"
+            )
+        for st in stale:
+            print(
+                f"- stale {st.budget_fraction:.0%} {st.corpus} seed {st.seed} {st.canary}: {', '.join(st.tokens)} in"
+                f" {', '.join(st.where)}{' (old item still current)' if st.current_item else ''}"
+            )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -463,10 +683,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seeds", help="kit seeds, comma-separated (default 1,2,3,4; --quick: 1)")
     parser.add_argument("--rounds", type=int, help="compaction rounds (default 5; --quick: 2)")
     parser.add_argument(
-        "--tolerance", type=float, default=0.01, help="the window search stops within this fraction (default 0.01)"
+        "--tolerance", type=float, help="the window search stops within this fraction (default 0.01; --quick: 0.05)"
     )
     parser.add_argument("--only-proxy", action="store_true", help="leave the kit's reference compactors out")
-    parser.add_argument("--json", metavar="PATH", help="also write the kit's payload (and lcm-proxy's calls) here")
+    parser.add_argument("--json", metavar="PATH", help="also write the kit's payload and lcm-proxy's calls here")
+    parser.add_argument("--from-json", metavar="PATH", help="print the tables of a run saved with --json, run nothing")
+    parser.add_argument("--diagnose", action="store_true", help="list every canary lcm-proxy lost, and why")
     parser.add_argument("--verbose", action="store_true", help="echo the proxy's warnings")
     return parser.parse_args(argv)
 
@@ -478,23 +700,63 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
     budgets = tuple(int(b) / 100 for b in args.budgets.split(",")) if args.budgets else BUDGETS
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else (QUICK_SEEDS if quick else SEEDS)
     rounds = args.rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    if args.from_json:
+        payload, contest, warnings, seconds = load(args.from_json)
+        print_tables(payload, contest, warnings, seconds, args.diagnose)
+        return
     start = time.perf_counter()
-    payload, contest, warnings = run(budgets, seeds, rounds, args.tolerance, not args.only_proxy, args.verbose)
-    print_tables(payload, contest, warnings, time.perf_counter() - start)
+    tolerance = args.tolerance or (QUICK_TOLERANCE if quick else TOLERANCE)
+    payload, contest, warnings = run(budgets, seeds, rounds, tolerance, not args.only_proxy, args.verbose)
+    seconds = time.perf_counter() - start
+    print_tables(payload, contest, warnings, seconds, args.diagnose)
     if args.json:
-        calls = [
-            {
-                "corpus": c.corpus,
-                "seed": c.seed,
-                "round": c.round,
-                "budget_fraction": c.budget_fraction,
-                "budget_chars": c.search.budget,
-                "window": c.search.chosen.window if c.search.chosen else None,
-                "windows_tried": [[a.window, a.chars, a.refused] for a in c.search.attempts],
-                "output": c.output,
-                "ledger": c.search.chosen.ledger if c.search.chosen else [],
-            }
-            for c in contest.calls
-        ]
-        with open(args.json, "wb") as f:
-            f.write(orjson.dumps({"kit": payload, "lcm_proxy_calls": calls}, option=orjson.OPT_INDENT_2))
+        save(args.json, payload, contest, warnings, seconds)
+
+
+# --- a run saved, and read back ----------------------------------------------------------------------------
+
+
+def _attempt_json(attempt: Attempt, chosen: bool) -> dict[str, Any]:
+    data = {f.name: getattr(attempt, f.name) for f in fields(attempt)}  # asdict would mangle the Counter
+    data["compaction"] = dict(attempt.compaction)
+    if not chosen:  # the texts and ledgers of the windows not chosen would only make the file large
+        data["text"] = ""
+        data["ledger"] = []
+    return data
+
+
+def save(path: str, payload: dict[str, Any], contest: Contest, warnings: Counter[str], seconds: float) -> None:
+    """The kit's payload and every lcm-proxy call (its input, the windows tried, what was chosen)."""
+    calls = [
+        {
+            "corpus": c.corpus,
+            "seed": c.seed,
+            "round": c.round,
+            "budget_fraction": c.budget_fraction,
+            "budget_chars": c.search.budget,
+            "input_text": c.input_text,
+            "output": c.output,
+            "chosen": next((i for i, a in enumerate(c.search.attempts) if a is c.search.chosen), None),
+            "attempts": [_attempt_json(a, a is c.search.chosen) for a in c.search.attempts],
+        }
+        for c in contest.calls
+    ]
+    data = {"kit": payload, "lcm_proxy_calls": calls, "warnings": dict(warnings), "seconds": seconds}
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+
+def load(path: str) -> tuple[dict[str, Any], Contest, Counter[str], float]:
+    """A run ``save`` wrote, to print its tables again (``--from-json``)."""
+    with open(path, "rb") as f:
+        data = orjson.loads(f.read())
+    contest = Contest(None, "", 0.0)
+    for c in data["lcm_proxy_calls"]:
+        attempts = []
+        for a in c["attempts"]:
+            a["compaction"] = Counter(a["compaction"])
+            attempts.append(Attempt(**a))
+        search = Search(c["budget_chars"], attempts, attempts[c["chosen"]] if c["chosen"] is not None else None)
+        call = Call(c["corpus"], c["seed"], c["round"], c["budget_fraction"], search, c["input_text"], c["output"])
+        contest.calls.append(call)
+    return data["kit"], contest, Counter(data["warnings"]), float(data["seconds"])
