@@ -27,6 +27,7 @@ from proxy import tokens
 from proxy.engine.facts import sentences
 from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
+from proxy.engine.standing.index import Index
 from proxy.engine.standing.slots import classify
 from proxy.engine.standing.topics import same_topic
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
@@ -119,21 +120,31 @@ def _norm(value: str) -> str:
     return " ".join(value.casefold().split())
 
 
-def reconcile(current: Sequence[LedgerItem], new: Sequence[Statement]) -> list[tuple[Statement, list[str]]]:
+def reconcile(
+    current: Sequence[LedgerItem], new: Sequence[Statement], *, index: Index[LedgerItem] | None = None
+) -> list[tuple[Statement, list[str]]]:
     """For the statements of one new message, in order: each statement to add, with the ids of the current
     items it supersedes. One that repeats a current item (same kind family, slot and value), or one added
-    just before it, is not added."""
-    live = [item for item in current if item.current]
+    just before it, is not added. A statement is compared only with the items and statements that share a
+    topic key with it (``proxy.engine.standing.index``: the same answer as comparing every pair); ``index``
+    holds the open items of ``current`` when the caller keeps one, else it is built here."""
     # A dropped item is still replaced by its update (else restoring it later would make two current budgets),
     # but restating it adds it again: the user says it holds.
-    open_items = [item for item in current if item.superseded_seq is None]
-    added: list[tuple[Statement, list[str]]] = []
+    open_items = index if index is not None else Index(item for item in current if item.superseded_seq is None)
+    said: Index[Statement] = Index(exhaustive=open_items.exhaustive)  # this message's statements added so far
+    added: dict[int, tuple[Statement, list[str]]] = {}
     for statement in new:
-        if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for s, _ in added):
+        near = [item for _, item in open_items.near(statement)]
+        earlier = said.near(statement)
+        live = [item for item in near if item.current]
+        if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for _, s in earlier):
             continue
-        added = [(s, ids) for s, ids in added if not supersedes(statement, s)]
-        added.append((statement, [item.id for item in open_items if supersedes(statement, item)]))
-    return added
+        for position, s in earlier:
+            if supersedes(statement, s):
+                said.remove(position)
+                del added[position]
+        added[said.add(statement)] = (statement, [item.id for item in near if supersedes(statement, item)])
+    return list(added.values())
 
 
 def _priority(item: LedgerItem) -> tuple[int, int, int, str]:
