@@ -27,8 +27,8 @@ from proxy.dialects import CHAT, Dialect
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
 from proxy.engine.intercept import Interceptor, apply_patches
-from proxy.engine.standing import flow as standing
-from proxy.engine.standing import said
+from proxy.engine.standing.flow import LedgerMoved
+from proxy.engine.standing.intake import Intake
 from proxy.types import Message
 
 log = logging.getLogger("lcm_proxy.engine")
@@ -63,35 +63,44 @@ async def record_answer(
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
         forwarded = apply_patches(answer, interception.forward_patches)
-        stated = await said(dialect, forwarded) if ingestor.standing else ("", [])
-        async with store.write() as tx:
-            await tx.lock_conversation(conversation_id)
-            conversation = await tx.conversation(scope, conversation_id)
-            if conversation is None:
-                return False
-            if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
-                return False
-            if conversation.message_count == length + 1:
-                if await tx.replaceable_answer(conversation_id) != length:
-                    return False
-                if await tx.chain_in_conversation(conversation_id, length, chain):
-                    return False  # this very answer is already stored
-                if (await tx.relayed_answer_asked_at(conversation_id) or 0.0) > asked_at:
-                    return False  # a later request's answer (a regenerate, a retry) is there: it stays
-                await tx.drop_relayed_answer(conversation_id, length)  # a regenerate replaces its predecessor
-            elif conversation.message_count != length:
-                return False
-            paths: list[str] = []
-            for payload in interception.payloads:
-                file = ingestor.file_record(scope, conversation_id, payload, explorations.get(payload.file_id), batch)
-                paths.append(file.path)
-                await tx.put_file(file)
-            await tx.append_messages(conversation_id, length, [record])
-            await tx.set_relayed_answer(conversation_id, length, asked_at)
-            await standing.record(tx, conversation_id, length, [stated])
-            if paths:
-                await batch.publish(tx, paths)
-        return True
+        intake = Intake(dialect, ingestor.standing)  # its standing instructions: read and planned off the loop
+        intake.add(length, forwarded)
+        await intake.prepare(await store.read.ledger(conversation_id), length, length + 1)
+        for _attempt in range(3):
+            try:
+                async with store.write() as tx:
+                    await tx.lock_conversation(conversation_id)
+                    conversation = await tx.conversation(scope, conversation_id)
+                    if conversation is None:
+                        return False
+                    if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
+                        return False
+                    if conversation.message_count == length + 1:
+                        if await tx.replaceable_answer(conversation_id) != length:
+                            return False
+                        if await tx.chain_in_conversation(conversation_id, length, chain):
+                            return False  # this very answer is already stored
+                        if (await tx.relayed_answer_asked_at(conversation_id) or 0.0) > asked_at:
+                            return False  # a later request's answer (a regenerate, a retry) is there: it stays
+                        # A regenerate replaces its predecessor.
+                        await tx.drop_relayed_answer(conversation_id, length)
+                    elif conversation.message_count != length:
+                        return False
+                    paths: list[str] = []
+                    for payload in interception.payloads:
+                        exploration = explorations.get(payload.file_id)
+                        file = ingestor.file_record(scope, conversation_id, payload, exploration, batch)
+                        paths.append(file.path)
+                        await tx.put_file(file)
+                    await tx.append_messages(conversation_id, length, [record])
+                    await tx.set_relayed_answer(conversation_id, length, asked_at)
+                    await intake.write(tx, conversation_id, length, length + 1)
+                    if paths:
+                        await batch.publish(tx, paths)
+                return True
+            except LedgerMoved as moved:  # another request changed the ledger meanwhile: plan again, off the loop
+                await intake.prepare(moved.items, moved.start, length + 1)
+        return False  # the client's re-send will store it
     finally:
         if batch.holds_files:
             await asyncio.to_thread(batch.discard)

@@ -38,8 +38,8 @@ from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
-from proxy.engine.standing import Said, record, said
-from proxy.engine.standing.ledger import Statement
+from proxy.engine.standing.flow import LedgerMoved
+from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
@@ -136,7 +136,7 @@ class Ingestor:
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
         # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
         batch = self.files.batch(scope)
-        statements: dict[int, tuple[str, list[Statement]]] = {}  # standing instructions, by transcript index
+        intake = Intake(dialect, self.standing)  # standing instructions: read, planned and written off the loop
         try:
             first_guess = await locate(self.store.read, scope, incoming.chains, conversation_key)
             prepared: Prepared = {}
@@ -146,8 +146,7 @@ class Ingestor:
                     chain = incoming.chains[i]
                     prepared[i] = await self.prepare_message(interceptor, transcript[i], chain, tool_names, batch)
                     # Read as forwarded: a pasted document or file stored out of line sets nothing.
-                    forwarded = apply_patches(transcript[i], prepared[i][0].forward_patches)
-                    statements[i] = await said(dialect, forwarded) if self.standing else ("", [])
+                    intake.add(i, apply_patches(transcript[i], prepared[i][0].forward_patches))
                 return prepared[i]
 
             for i in range(first_guess.common, len(transcript)):
@@ -158,11 +157,12 @@ class Ingestor:
                 assert first_guess.conversation is not None
                 outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
+                await intake.guess(self.store.read, first_guess, len(transcript))
                 guess = first_guess.conversation
                 commit = functools.partial(
-                    self._commit, incoming, prepared, statements, explorations, batch, guess.id if guess else None
+                    self._commit, incoming, prepared, intake, explorations, batch, guess.id if guess else None
                 )
-                outcome = await self._write(commit, prepare)
+                outcome = await self._write(commit, prepare, intake, len(transcript))
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -202,8 +202,11 @@ class Ingestor:
         self,
         commit: Callable[[], Awaitable[Outcome]],
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
+        intake: Intake,
+        end: int,
     ) -> Outcome:
-        """Run ``commit`` (one write transaction) until it finds every message it needs prepared."""
+        """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the
+        ledger as its plan of standing instructions had it."""
         for _attempt in range(5):
             try:
                 # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
@@ -213,6 +216,9 @@ class Ingestor:
                 # write lock (interception may call the summarizer), then decide again.
                 for i in missing.indices:
                     await prepare(i)
+            except LedgerMoved as moved:
+                # Or changed its ledger: plan again off the loop from what the transaction saw.
+                await intake.prepare(moved.items, moved.start, end)
         raise ConversationBusy(
             "Other requests kept changing this conversation while this one was stored; send it again."
         )
@@ -221,7 +227,7 @@ class Ingestor:
         self,
         incoming: Incoming,
         prepared: Prepared,
-        statements: dict[int, tuple[str, list[Statement]]],
+        intake: Intake,
         explorations: dict[str, str],
         batch: BlobBatch,
         expected: str | None = None,
@@ -249,8 +255,7 @@ class Ingestor:
             new = [prepared[i] for i in range(start, len(incoming.transcript))]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
-                stated: Said = [statements.get(i, ("", [])) for i in range(start, len(incoming.transcript))]
-                await record(tx, conversation_id, start, stated)
+                await intake.write(tx, conversation_id, start, len(incoming.transcript))
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return conversation_id, action, len(new), forked_from

@@ -135,6 +135,10 @@ class Reads(Protocol):
         those no later statement replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
         ...
 
+    async def message_ids(self, conversation_id: str, start: int, end: int) -> dict[int, int]:
+        """seq -> row id of the conversation's messages [start, end) (the messages new ledger items name)."""
+        ...
+
 
 class Searches(Reads, Protocol):
     """Queries that may run long, off the request path's fast reads; also every read of ``Reads``, for reads

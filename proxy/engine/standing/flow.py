@@ -3,9 +3,12 @@
 ``proxy.engine.standing.ledger`` finds the statements and decides what they replace; this module is where the engine
 meets the store and the assembled request:
 
-* **at ingest** (``said`` outside the write lock, ``record`` inside the transaction that appends the
-  messages): each new message's statements become items, and the items they update are marked superseded
-  by the seq of that message (a fork made before it keeps them current);
+* **at ingest**: each new message's statements become items, and the items they update are marked superseded
+  by the seq of that message (a fork made before it keeps them current). The work is off the event loop and
+  out of the write transaction: ``said_all`` reads a request's messages in one worker thread call, ``plan``
+  reconciles them (in a worker thread, against the open items as read before the transaction, one index of
+  them by topic, within the caps), and the transaction that appends the messages only writes the plan
+  (``apply``), or finds that the ledger moved meanwhile and sends it back to be planned again;
 * **at assembly** (``Standing``): the current items whose message is no longer forwarded raw, within the
   ledger's share of the budget, as one block right after the instructions. The block changes only when what
   is forwarded raw changes (a compaction, an eviction) or when a new statement supersedes one of its items:
@@ -26,29 +29,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from proxy import tokens
-from proxy.dialects import Dialect
+from proxy.dialects import CHAT, Dialect
 from proxy.engine.render import strip_reasoning
 from proxy.engine.standing import ledger
+from proxy.engine.standing.index import Index
 from proxy.engine.standing.ledger import Statement
-from proxy.engine.standing.proposals import Plan
+from proxy.engine.standing.proposals import Plan as Proposal
 from proxy.store.base import Reads, Writes
+from proxy.store.ledger import forked
 from proxy.store.records import LedgerItem, SummaryRecord
 from proxy.types import Message
 
-OFF_LOOP_CHARS = 4000  # a message's text beyond which extraction runs in a worker thread
 MARKER = "[superseded]"
 MAX_MASKED = 200  # newest superseded items masked in older material (each adds one pattern)
 POLARITIES = frozenset({"never", "always", "allowed", "not required"})  # a rule's value: too common to mask
+# The caps keep a request's work and the ledger bounded, and never cost the promise that a replaced value is not
+# shown as current: an update (a statement that supersedes an open item) is always written, whatever the
+# counts, and only statements that would add a *new* item are left out, which is silence, never a stale value.
+# * Per message, the first MAX_NEW_PER_MESSAGE new items: people set standing instructions one or two at a
+#   time (the benchmark scripts plant at most two per message); a message that sets dozens is a pasted
+#   document or a probe, and its first ones are those its writer put first. (The last ones cannot be chosen
+#   instead: which statement updates which is known only in order.)
+# * Per conversation, no new item once MAX_OPEN_ITEMS items are open (current or dropped, not superseded):
+#   the ledger block could not show more (its share of the budget is at most 2,000 tokens), and the open items
+#   are what every later statement is compared with. Updates keep the count, so they go on being written.
+MAX_NEW_PER_MESSAGE = 8
+MAX_OPEN_ITEMS = 300
 
 Said = list[tuple[str, list[Statement]]]  # per new message: (role, its statements)
+Signature = tuple[int, str, str, str, str, str, str]  # what a plan reads of an open item: all but its ids
 
 
 def new_item_id() -> str:
     return "led_" + secrets.token_hex(8)
 
 
-async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]]:
-    """(role, statements) of one incoming message; extraction in a worker thread when its text is long."""
+def read_statements(message: Message, dialect: Dialect = CHAT) -> tuple[str, list[Statement]]:
+    """(role, statements) of one message, read on the calling thread (``said`` reads a request's off the loop)."""
     role = dialect.role(message)
     text = ""
     if role in ledger.SETTERS:
@@ -56,60 +73,154 @@ async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]
     elif message.get("role") == "user" and isinstance(message.get("content"), list):
         # A user message that carries tool results (the Messages format) may also carry the user's own words.
         role, text = "user", "\n".join(_typed_text(message["content"]))
-    if not text:
-        return role, []
-    if len(text) > OFF_LOOP_CHARS:
-        return role, await asyncio.to_thread(ledger.extract, text, role)
-    return role, ledger.extract(text, role)
-
-
-def read_statements(message: Message, dialect: Dialect | None = None) -> tuple[str, list[Statement]]:
-    """(role, statements) of one message, read on the calling thread (``said`` is its ingest form)."""
-    from proxy.dialects.chat import CHAT
-
-    dialect = dialect or CHAT
-    role = dialect.role(message)
-    text = ""
-    if role in ledger.SETTERS:
-        text = strip_reasoning(dialect.text(message))
-    elif message.get("role") == "user" and isinstance(message.get("content"), list):
-        role, text = "user", "\n".join(_typed_text(message["content"]))
     return role, ledger.extract(text, role) if text else []
 
 
-async def record(tx: Writes, conversation_id: str, start: int, new: Said) -> int:
-    """Store the statements of the messages just appended at seqs ``start``…: new items, and the current
-    items each one supersedes (a pinned item's pin passes to its update). Returns the items added."""
-    if not any(statements for _, statements in new):
-        return 0
-    current = await tx.ledger(conversation_id)
-    added = 0
-    now = time.time()
+async def said_all(dialect: Dialect, messages: Sequence[Message]) -> Said:
+    """(role, statements) of each of a request's new ``messages``, all read in one worker thread call:
+    extraction costs about a millisecond a sentence, and one request may bring thousands of messages."""
+    if not messages:
+        return []
+    return await asyncio.to_thread(lambda: [read_statements(message, dialect) for message in messages])
+
+
+async def said(dialect: Dialect, message: Message) -> tuple[str, list[Statement]]:
+    """(role, statements) of one message, read in a worker thread."""
+    return (await said_all(dialect, [message]))[0]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One item a plan adds, stated by the message ``offset`` places after the plan's start."""
+
+    offset: int
+    role: str
+    statement: Statement
+    state: str  # "pinned" when it replaces a pinned item (the pin passes to the update), else "active"
+    replaces: tuple[int, ...]  # the items it supersedes: positions in the plan's basis
+    replaced: tuple[int, int] | None = None  # (offset, write) of a later statement of the request superseding it
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a request's statements change in a ledger whose open items were ``basis``: computed off the loop
+    and before the write transaction (``plan``), written inside it (``apply``)."""
+
+    start: int  # seq of the first message the statements come from
+    count: int  # of messages, from ``start`` on
+    basis: tuple[Signature, ...]  # the open items it was computed from, sorted
+    writes: tuple[Write, ...]
+    stated: bool  # whether the messages said anything at all (if not, there is nothing to check or write)
+    left_out: int = 0  # statements the caps left out
+
+
+def signature(item: LedgerItem) -> Signature:
+    return (item.seq, item.kind, item.slot, item.value, item.text, item.role, item.state)
+
+
+def plan(basis: Sequence[LedgerItem], start: int, new: Said, *, exhaustive: bool = False) -> Plan:
+    """The plan of the statements ``new`` of the messages from seq ``start`` on, against the open items
+    ``basis``: message by message, ``ledger.reconcile`` with one index of the open items kept up to date (each
+    statement meets only the items that share a topic key with it; ``exhaustive``: every item, the all-pairs
+    comparison), then the caps. CPU work with no I/O: run it in a worker thread (``plan_off_loop``)."""
+    ordered = sorted((item for item in basis if item.superseded_seq is None), key=signature)
+    index = Index(ordered, exhaustive=exhaustive)
+    basis_at = {item.id: p for p, item in enumerate(ordered)}
+    position = dict(basis_at)  # id -> position in the index (new items: "new:<write>")
+    state = {item.id: item.state for item in ordered}
+    writes: list[Write] = []
+    left_out = 0
     for offset, (role, statements) in enumerate(new):
-        if not statements:
-            continue
-        seq = start + offset
-        rows = await tx.messages(conversation_id, seq, seq + 1)
-        message_id = rows[0].id if rows else 0
-        for statement, superseded in ledger.reconcile(current, statements, role):
-            pinned = any(item.id in superseded and item.state == "pinned" for item in current)
-            item = LedgerItem(
-                id=new_item_id(), conversation_id=conversation_id, kind=statement.kind, slot=statement.slot,
-                value=statement.value, text=statement.text, seq=seq, message_id=message_id, role=role,
-                created_at=now, state="pinned" if pinned else "active",
-            )  # fmt: skip
-            await tx.add_ledger_items([item])
-            if superseded:
-                await tx.supersede_ledger_items(superseded, item.id, seq)
-            current = [
-                replace(c, superseded_seq=seq, superseded_by=item.id) if c.id in superseded else c for c in current
-            ]
-            current.append(item)
-            added += 1
-    return added
+        fresh = 0
+        for statement, superseded in ledger.reconcile((), statements, role, index=index) if statements else ():
+            if not superseded:
+                if fresh >= MAX_NEW_PER_MESSAGE or len(index) >= MAX_OPEN_ITEMS:
+                    left_out += 1
+                    continue
+                fresh += 1
+            k = len(writes)
+            for item_id in superseded:
+                index.remove(position.pop(item_id))
+                if item_id not in basis_at:  # an item this request added for an earlier message
+                    earlier = int(item_id.removeprefix("new:"))
+                    writes[earlier] = replace(writes[earlier], replaced=(offset, k))
+            pinned = any(state[item_id] == "pinned" for item_id in superseded)
+            write = Write(offset, role, statement, "pinned" if pinned else "active",
+                          tuple(sorted(basis_at[i] for i in superseded if i in basis_at)))  # fmt: skip
+            writes.append(write)
+            item_id = f"new:{k}"
+            state[item_id] = write.state
+            position[item_id] = index.add(_item(item_id, start, write))
+    stated = any(statements for _, statements in new)
+    return Plan(start, len(new), tuple(map(signature, ordered)), tuple(writes), stated, left_out)
 
 
-async def record_proposed(tx: Writes, conversation_id: str, plans: Sequence[Plan]) -> int:
+async def plan_off_loop(basis: Sequence[LedgerItem], start: int, new: Said) -> Plan:
+    """``plan`` in a worker thread (nothing to do on the loop when nothing was said)."""
+    if not any(statements for _, statements in new):
+        return Plan(start, len(new), (), (), stated=False)
+    return await asyncio.to_thread(plan, basis, start, new)
+
+
+def forked_basis(items: Sequence[LedgerItem], count: int) -> list[LedgerItem]:
+    """The open items a fork of a conversation with ``items`` (superseded ones included) made at ``count``
+    will hold: ``proxy.store.ledger.forked``'s copies (their ids aside, which a plan does not read)."""
+    rows = forked(items, "", {item.seq: item.message_id for item in items}, count)
+    return [item for item in (LedgerItem(*row) for row in rows) if item.superseded_seq is None]
+
+
+class LedgerMoved(Exception):
+    """The conversation's open items (or where its new messages start) are not those a plan was computed from:
+    another request wrote meanwhile. Plan again from ``items`` and ``start``, what the transaction saw."""
+
+    def __init__(self, items: list[LedgerItem], start: int) -> None:
+        super().__init__("the ledger changed since the plan was made")
+        self.items = items
+        self.start = start
+
+
+async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int:
+    """Write ``plan`` in the transaction that appended its messages at seqs ``start``…: its items, and the
+    items each supersedes. Raises ``LedgerMoved`` (the caller rolls back, plans again off the loop and
+    retries) when the open items are not the plan's basis. The work: one read of the open items (which the
+    cap bounds), then one insert and an update per superseding item. Returns the items added."""
+    if not plan.stated:
+        return 0
+    items = await tx.ledger(conversation_id)
+    ordered = sorted(items, key=signature)
+    if plan.start != start or tuple(map(signature, ordered)) != plan.basis:
+        raise LedgerMoved(items, start)
+    if not plan.writes:
+        return 0
+    offsets = [write.offset for write in plan.writes]
+    message_ids = await tx.message_ids(conversation_id, start + min(offsets), start + max(offsets) + 1)
+    ids = [new_item_id() for _ in plan.writes]
+    now = time.time()
+    rows = [
+        replace(
+            _item(ids[k], start, write),
+            conversation_id=conversation_id,
+            message_id=message_ids.get(start + write.offset, 0),
+            created_at=now,
+            superseded_seq=None if write.replaced is None else start + write.replaced[0],
+            superseded_by=None if write.replaced is None else ids[write.replaced[1]],
+        )
+        for k, write in enumerate(plan.writes)
+    ]
+    await tx.add_ledger_items(rows)
+    for k, write in enumerate(plan.writes):
+        if write.replaces:
+            await tx.supersede_ledger_items([ordered[p].id for p in write.replaces], ids[k], start + write.offset)
+    return len(rows)
+
+
+def _item(item_id: str, start: int, write: Write) -> LedgerItem:
+    s = write.statement
+    return LedgerItem(item_id, "", s.kind, s.slot, s.value, s.text, start + write.offset, 0, write.role, 0.0,
+                      state=write.state)  # fmt: skip
+
+
+async def record_proposed(tx: Writes, conversation_id: str, plans: Sequence[Proposal]) -> int:
     """Store what the summariser read and the proxy verified (``proposals.accept``), in the transaction that
     swaps its summary in: new items, the items each one replaces or lifts (only those still current and said
     before it), and for a statement the ledger already holds, only what it changes. Returns the items added."""

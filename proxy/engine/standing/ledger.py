@@ -29,6 +29,7 @@ from proxy.engine.injection import is_instruction_override
 from proxy.engine.neutralise import neutralise_cached
 from proxy.engine.standing.changes import changes, lifted
 from proxy.engine.standing.cues import typed_value
+from proxy.engine.standing.index import Index
 from proxy.engine.standing.lexicon import GENERIC, content_words
 from proxy.engine.standing.slots import classify
 from proxy.engine.standing.speech import negated, not_own, own_prose
@@ -128,27 +129,41 @@ def _norm(value: str) -> str:
 
 
 def reconcile(
-    current: Sequence[LedgerItem], new: Sequence[Statement], role: str = "user"
+    current: Sequence[LedgerItem],
+    new: Sequence[Statement],
+    role: str = "user",
+    *,
+    index: Index[LedgerItem] | None = None,
 ) -> list[tuple[Statement, list[str]]]:
     """For the statements of one new message, in order: each statement to add, with the ids of the current
     items it supersedes. One that repeats a current item (same kind family, slot and value), or one added
-    just before it, is not added."""
-    live = [item for item in current if item.current]
+    just before it, is not added. A statement is compared only with the items and statements that share a
+    topic key with it (``proxy.engine.standing.index``: the same answer as comparing every pair); ``index``
+    holds the open items of ``current`` when the caller keeps one, else it is built here."""
     # A dropped item is still replaced by its update (else restoring it later would make two current budgets),
     # but restating it adds it again: the user says it holds. What the user or the instructions set, an
     # assistant's turn never replaces ("we decided the budget is $5,000" leaves the user's cap in force).
-    open_items = [item for item in current if item.superseded_seq is None and _may_replace(role, item.role)]
-    added: list[tuple[Statement, list[str]]] = []
+    open_items = index if index is not None else Index(item for item in current if item.superseded_seq is None)
+    said: Index[Statement] = Index(exhaustive=open_items.exhaustive)  # this message's statements added so far
+    added: dict[int, tuple[Statement, list[str]]] = {}
     for statement in new:
-        if statement.kind in ("lift", "follow"):
-            if change := _change(statement, [i for i in live if _may_replace(role, i.role)]):
-                added.append(change)
+        if statement.kind in ("lift", "follow"):  # about whatever it shares the most topic words with
+            pool = [i for i in (current or open_items) if i.current and _may_replace(role, i.role)]
+            if change := _change(statement, pool):
+                added[said.add(change[0])] = change
             continue
-        if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for s, _ in added):
+        near = [item for _, item in open_items.near(statement)]
+        earlier = said.near(statement)
+        live = [item for item in near if item.current]
+        if any(_repeats(statement, item) for item in live) or any(_repeats(statement, s) for _, s in earlier):
             continue
-        added = [(s, ids) for s, ids in added if not supersedes(statement, s)]
-        added.append((statement, [item.id for item in open_items if supersedes(statement, item)]))
-    return added
+        for position, s in earlier:
+            if supersedes(statement, s):
+                said.remove(position)
+                del added[position]
+        replaced = [item.id for item in near if _may_replace(role, item.role) and supersedes(statement, item)]
+        added[said.add(statement)] = (statement, replaced)
+    return list(added.values())
 
 
 def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement, list[str]] | None:

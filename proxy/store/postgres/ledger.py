@@ -30,6 +30,14 @@ class PostgresLedgerReads:
         )
         return [LedgerItem(*r) for r in rows]
 
+    async def message_ids(self, conversation_id: str, start: int, end: int) -> dict[int, int]:
+        """seq -> row id of the conversation's messages [start, end): what new items name."""
+        rows = await self._all(
+            "SELECT seq, id FROM lcm.messages WHERE conversation_id = %s AND seq >= %s AND seq < %s",
+            (conversation_id, start, end),
+        )
+        return {int(seq): int(i) for seq, i in rows}
+
 
 class PostgresLedgerWrites(PostgresLedgerReads):
     async def add_ledger_items(self, items: Sequence[LedgerItem]) -> None:
