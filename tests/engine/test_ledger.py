@@ -381,8 +381,8 @@ def test_the_block_only_grows_at_its_end_as_items_are_added() -> None:
 def test_render_shows_kind_role_and_source() -> None:
     assert render([LOG[2], LOG[3]]) == (
         '<standing_instructions source="lcm-proxy">\n'
-        "Set earlier in this conversation and still in force (latest version of each; the messages they came "
-        "from were summarised):\n"
+        "Set earlier in this conversation and still in force, in the order they were said (the messages were "
+        "summarised); where two lines are about the same thing, the later one overrides the earlier:\n"
         "- [rule] Never push to main. (msg_103)\n"
         "- [decision, assistant] We'll use PostgreSQL 16 for the store. (msg_104)\n"
         "</standing_instructions>"

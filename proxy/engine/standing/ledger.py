@@ -52,9 +52,11 @@ FAMILY = {"rule": "rule", "constraint": "rule", "preference": "preference", "goa
           "name": "decision"}  # fmt: skip
 OPEN_TAG = '<standing_instructions source="lcm-proxy">'
 CLOSE_TAG = "</standing_instructions>"
+# The block shows what holds in the order it was said. When the proxy is not sure that a later line replaces an
+# earlier one it keeps both, so the header says which wins: never a replaced value shown as the current one alone.
 INTRO = (
-    "Set earlier in this conversation and still in force (latest version of each; the messages they came from "
-    "were summarised):"
+    "Set earlier in this conversation and still in force, in the order they were said (the messages were "
+    "summarised); where two lines are about the same thing, the later one overrides the earlier:"
 )
 _ASSISTANT_ACTION = re.compile(
     r"\b(?:let's|let us|I'll|I will|I'm going to)\s+(?:use|run|try|check)\s+\S+\s+to\s", re.I
