@@ -20,8 +20,8 @@ def item(n: int, kind: str, text: str, value: str, seq: int, **kw: object) -> Le
     )  # fmt: skip
 
 
-BUDGET_OLD = item(1, "constraint", "The budget cap is $800.", "$800", 3, superseded_seq=40, superseded_by="led_2")
-BUDGET_NEW = item(2, "constraint", "Quick update: keep spend under five hundred dollars.", "five hundred dollars", 40)
+BUDGET_OLD = item(1, "constraint", "The budget cap is $800.", "$800", 3, superseded_seq=40, superseded_by="led_2", slot="budget")
+BUDGET_NEW = item(2, "constraint", "Quick update: keep spend under five hundred dollars.", "five hundred dollars", 40, slot="budget")
 PUSH = item(3, "rule", "Never push to main.", "never", 5)
 TRAVEL = item(4, "constraint", "The travel budget is $800 too.", "$800", 7)
 DROPPED = item(5, "preference", "Answer in French.", "French", 9, state="dropped")
@@ -41,7 +41,10 @@ def test_the_block_holds_current_items_no_longer_forwarded_raw() -> None:
 def test_superseded_words_are_masked_but_a_value_another_item_holds_is_not() -> None:
     standing = Standing.of([BUDGET_OLD, PUSH, BUDGET_NEW])
     assert standing.mask("- user: The budget cap is $800. Then lunch.") == f"- user: {MARKER} Then lunch."
-    assert standing.mask("We said $800, not $8000.") == f"We said {MARKER}, not $8000."
+    assert standing.mask("The budget we said was $800, not $8000.") == f"The budget we said was {MARKER}, not $8000."
+    # The replaced value is hidden where it is the budget, not wherever the same figure occurs (issue 29: an
+    # invoice and a hotel of $800 reached the model as "[superseded]" in a turn asking for exactly them).
+    assert standing.mask("Invoice 1142: $800 for the hotel. Paid.") == "Invoice 1142: $800 for the hotel. Paid."
     # A rule's value is a polarity ("never"): too common to mask anywhere; only its sentence would be.
     assert standing.mask("never mind") == "never mind"
     with_travel = Standing.of([BUDGET_OLD, PUSH, BUDGET_NEW, TRAVEL])

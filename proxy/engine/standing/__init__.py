@@ -8,6 +8,7 @@
   assembled request (``Standing``); ``intake``: one request's statements on their way to the store.
 """
 
-from proxy.engine.standing.flow import MARKER, Said, Standing, said
+from proxy.engine.standing.flow import Said, Standing, said
+from proxy.engine.standing.masking import MARKER
 
 __all__ = ["MARKER", "Said", "Standing", "said"]

@@ -14,15 +14,14 @@ meets the store and the assembled request:
   is forwarded raw changes (a compaction, an eviction) or when a new statement supersedes one of its items:
   between those moments it is byte-identical (prompt caches).
 * A superseded item's words must not come back through older material: in the summaries and the recall
-  excerpts that are forwarded, its sentence and a distinctive value ("$800", "metric units") are replaced by
-  a marker (``mask``). A deterministic function of stored data, so it too changes only at those moments.
+  excerpts that are forwarded, its sentence, and its value where it was replaced and the sentence names what
+  it was about, are replaced by a marker (``mask``, ``proxy.engine.standing.masking``). A deterministic
+  function of stored data, so it too changes only at those moments.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -34,15 +33,13 @@ from proxy.engine.render import strip_reasoning
 from proxy.engine.standing import ledger
 from proxy.engine.standing.index import Index
 from proxy.engine.standing.ledger import Statement
+from proxy.engine.standing.masking import Stale, stale_of
 from proxy.engine.standing.proposals import Plan as Proposal
 from proxy.store.base import Reads, Writes
 from proxy.store.ledger import forked
 from proxy.store.records import LedgerItem, SummaryRecord
 from proxy.types import Message
 
-MARKER = "[superseded]"
-MAX_MASKED = 200  # newest superseded items masked in older material (each adds one pattern)
-POLARITIES = frozenset({"never", "always", "allowed", "not required"})  # a rule's value: too common to mask
 # The caps keep a request's work and the ledger bounded, and never cost the promise that a replaced value is not
 # shown as current: an update (a statement that supersedes an open item) is always written, whatever the
 # counts, and only statements that would add a *new* item are left out, which is silence, never a stale value.
@@ -261,7 +258,7 @@ class Standing:
     """A conversation's ledger as one request sees it: its items, and the pattern of what went stale."""
 
     items: list[LedgerItem]
-    stale: re.Pattern[str] | None
+    stale: Stale | None
 
     @classmethod
     async def read(cls, q: Reads, conversation_id: str) -> Standing:
@@ -269,7 +266,7 @@ class Standing:
 
     @classmethod
     def of(cls, items: list[LedgerItem]) -> Standing:
-        return cls(items, stale_pattern(items))
+        return cls(items, stale_of(items))
 
     def reserve(self, room: int) -> int:
         """Tokens to keep for the block: what all current items take within ``room`` (those still forwarded
@@ -286,7 +283,7 @@ class Standing:
     def mask(self, text: str) -> str:
         """``text`` with superseded items' sentences and distinctive values replaced by ``MARKER`` (cached: a
         summary is masked once per set of stale items, not on every request)."""
-        return _masked(self.stale, text) if self.stale is not None and text else text
+        return self.stale.mask(text) if self.stale is not None and text else text
 
     def mask_recalled(self, block: str) -> str:
         """A recall block with its excerpts masked (its header and closing tag are the proxy's own words)."""
@@ -305,26 +302,6 @@ class Standing:
         return out
 
 
-def stale_pattern(items: Sequence[LedgerItem]) -> re.Pattern[str] | None:
-    """What of the superseded items must not come back: each one's sentence, and its value where that is
-    distinctive and no current item holds it. Linear: one alternation of escaped literals."""
-    current_values = {_fold(item.value) for item in items if item.current}
-    current_texts = {_fold(item.text) for item in items if item.current}
-    phrases: set[str] = set()
-    stale = [item for item in items if item.superseded_seq is not None]
-    for item in stale[-MAX_MASKED:]:
-        text = " ".join(item.text.split())
-        if _fold(text) not in current_texts:  # "never push to main", lifted, then set again: in force
-            phrases.add(text)
-        value = " ".join(item.value.split())
-        if _distinctive(value) and _fold(value) not in current_values:
-            phrases.add(value)
-    if not phrases:
-        return None
-    alternatives = "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True))
-    return re.compile(rf"(?<![\w$€£]){alternatives}(?!\w)", re.I)
-
-
 def _typed_text(parts: list[object]) -> list[str]:
     """The text parts of a content list (not the tool results among them)."""
     out = []
@@ -332,21 +309,3 @@ def _typed_text(parts: list[object]) -> list[str]:
         if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
             out.append(part["text"])
     return out
-
-
-def _fold(value: str) -> str:
-    return " ".join(value.casefold().split())
-
-
-def _distinctive(value: str) -> bool:
-    """Whether a value can be masked wherever it occurs: a figure, an amount, a date or an identifier ("$800",
-    "Python 3.9", "orders-stg-2"), not words any text may hold ("German", "the user", "ship the release")."""
-    return _fold(value) not in POLARITIES and len(value) >= 2 and _DISTINCTIVE.search(value) is not None
-
-
-_DISTINCTIVE = re.compile(r"\d|[$€£¥]|\w[-_./:]\w|[a-z][A-Z]")
-
-
-@functools.lru_cache(maxsize=4096)
-def _masked(pattern: re.Pattern[str], text: str) -> str:
-    return pattern.sub(MARKER, text)

@@ -173,8 +173,8 @@ def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement
     about (those sharing the most topic words with it; none: it is about nothing in force, and is dropped).
     A revocation lifts them all. A change is shown after the latest of them, in its kind and slot (so a later
     update replaces both); it replaces that item only on evidence: a new value of the same type."""
-    words = _topic_words(statement.slot)
-    scored = [(len(words & _topic_words(item.slot)), item) for item in live]
+    words = topic_words(statement.slot)
+    scored = [(len(words & topic_words(item.slot)), item) for item in live]
     best = max((n for n, _ in scored), default=0)
     if best == 0:
         return None
@@ -190,7 +190,8 @@ def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement
     return update, [item.id] if same_type and value_type(item.value, concept) != "text" else []
 
 
-def _topic_words(slot: str) -> set[str]:
+def topic_words(slot: str) -> set[str]:
+    """The distinctive topic words of a slot (generic ones and short ones left out)."""
     key, _, topics = slot.partition(" ~ ")
     words = (topics or key).replace("@", " ").split()
     return {w for w in words if w not in GENERIC and len(w) > 2}
