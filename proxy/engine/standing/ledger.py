@@ -174,7 +174,7 @@ def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement
     A revocation lifts them all. A change is shown after the latest of them, in its kind and slot (so a later
     update replaces both); it replaces that item only on evidence: a new value of the same type."""
     words = topic_words(statement.slot)
-    scored = [(len(words & topic_words(item.slot)), item) for item in live]
+    scored = [(len(words & (topic_words(item.slot) | topic_words(content_words(item.text)))), item) for item in live]
     best = max((n for n, _ in scored), default=0)
     if best == 0:
         return None
