@@ -117,11 +117,21 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
+COMPACT_LEDGER_BELOW = 1000  # message limits under which the ledger's block is rendered compact
+
+
 def ledger_share(settings: LcmSettings, limit: int) -> int:
-    """The most the standing-instructions block may take of a message limit of ``limit`` tokens."""
-    if settings.standing_instructions == "off" or limit < 400:
+    """The most the standing-instructions block may take of a message limit of ``limit`` tokens: up to half of
+    it (2,000 tokens by default in large windows), so that in a small window the block outranks summaries and
+    recalled excerpts, which give way first; the budget keeps only what the current items take."""
+    if settings.standing_instructions == "off" or limit < 100:
         return 0
-    return min(settings.standing_instructions_tokens or min(limit // 4, 2000), limit // 3)
+    return min(settings.standing_instructions_tokens or 2000, limit // 2)
+
+
+def compact_ledger(limit: int) -> bool:
+    """Whether the block is rendered compact (short header, the items' words only) for this limit."""
+    return limit < COMPACT_LEDGER_BELOW
 
 
 def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None, ledger: int = 0) -> Sizes:

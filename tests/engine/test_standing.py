@@ -20,8 +20,12 @@ def item(n: int, kind: str, text: str, value: str, seq: int, **kw: object) -> Le
     )  # fmt: skip
 
 
-BUDGET_OLD = item(1, "constraint", "The budget cap is $800.", "$800", 3, superseded_seq=40, superseded_by="led_2", slot="budget")
-BUDGET_NEW = item(2, "constraint", "Quick update: keep spend under five hundred dollars.", "five hundred dollars", 40, slot="budget")
+BUDGET_OLD = item(
+    1, "constraint", "The budget cap is $800.", "$800", 3, superseded_seq=40, superseded_by="led_2", slot="budget"
+)
+BUDGET_NEW = item(
+    2, "constraint", "Quick update: keep spend under five hundred dollars.", "five hundred dollars", 40, slot="budget"
+)
 PUSH = item(3, "rule", "Never push to main.", "never", 5)
 TRAVEL = item(4, "constraint", "The travel budget is $800 too.", "$800", 7)
 DROPPED = item(5, "preference", "Answer in French.", "French", 9, state="dropped")

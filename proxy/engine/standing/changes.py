@@ -35,7 +35,8 @@ _LIFT = (
         re.I,
     ),
     re.compile(
-        r"\b(?:no need to|you (?:don't|do not) (?:have|need) to|stop)\s+" + _WHAT
+        r"\b(?:no need to|you (?:don't|do not) (?:have|need) to|stop)\s+"
+        + _WHAT
         + r"\s+(?:any ?more|any longer|from now on)\b",
         re.I,
     ),

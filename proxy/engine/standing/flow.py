@@ -268,17 +268,20 @@ class Standing:
     def of(cls, items: list[LedgerItem]) -> Standing:
         return cls(items, stale_of(items))
 
-    def reserve(self, room: int) -> int:
+    def reserve(self, room: int, compact: bool = False) -> int:
         """Tokens to keep for the block: what all current items take within ``room`` (those still forwarded
         raw too, so that the reserve does not change when a compaction hides them, only when items do)."""
-        return tokens.count_text(ledger.render(ledger.select(self.items, room))) + 2 if self.items else 0
+        if not self.items:
+            return 0
+        return tokens.count_text(ledger.render(ledger.select(self.items, room, compact), compact)) + 2
 
-    def block(self, first_raw: int, room: int) -> tuple[str, tuple[str, ...]]:
+    def block(self, first_raw: int, room: int, compact: bool = False) -> tuple[str, tuple[str, ...]]:
         """(the block, the ids of its items): the current items set in messages before ``first_raw`` (those
-        after it are forwarded raw, in the user's own words) that fit ``room`` tokens."""
+        after it are forwarded raw, in the user's own words) that fit ``room`` tokens; ``compact`` in small
+        windows (``ledger.render``)."""
         hidden = [item for item in self.items if item.current and item.seq < first_raw]
-        chosen = ledger.select(hidden, room)
-        return ledger.render(chosen), tuple(item.id for item in chosen)
+        chosen = ledger.select(hidden, room, compact)
+        return ledger.render(chosen, compact), tuple(item.id for item in chosen)
 
     def mask(self, text: str) -> str:
         """``text`` with superseded items' sentences and distinctive values replaced by ``MARKER`` (cached: a

@@ -58,6 +58,7 @@ INTRO = (
     "Set earlier in this conversation and still in force, in the order they were said (the messages were "
     "summarised); where two lines are about the same thing, the later one overrides the earlier:"
 )
+COMPACT_INTRO = "Still in force, in the order said (a later line overrides an earlier one):"
 _ASSISTANT_ACTION = re.compile(
     r"\b(?:let's|let us|I'll|I will|I'm going to)\s+(?:use|run|try|check)\s+\S+\s+to\s", re.I
 )
@@ -210,35 +211,39 @@ def _source_order(items: Sequence[LedgerItem]) -> list[LedgerItem]:
     return sorted(items, key=lambda item: (item.seq, item.id))
 
 
-def select(items: Sequence[LedgerItem], room: int) -> list[LedgerItem]:
+def select(items: Sequence[LedgerItem], room: int, compact: bool = False) -> list[LedgerItem]:
     """The current items whose rendered block fits ``room`` tokens: pinned first, then by kind (rules,
     constraints, preferences, goals, decisions, names), newer before older within a kind; returned in source
     order (seq, then id), so that adding an item only appends to the block."""
-    budget = room - tokens.count_text(_block([]))
+    budget = room - tokens.count_text(_block([], compact))
     chosen: list[LedgerItem] = []
     for item in sorted((item for item in items if item.current), key=_priority):
-        cost = tokens.count_text(_line(item))  # its line break merges with the line's last token, mostly
+        cost = tokens.count_text(_line(item, compact))  # its line break merges with the line's last token, mostly
         if cost <= budget:
             chosen.append(item)
             budget -= cost
     # Counting lines one by one can differ from counting the block by a token: drop the least important.
-    while chosen and tokens.count_text(render(_source_order(chosen))) > room:
+    while chosen and tokens.count_text(render(_source_order(chosen), compact)) > room:
         chosen.remove(max(chosen, key=_priority))
     return _source_order(chosen)
 
 
-def _line(item: LedgerItem) -> str:
+def _line(item: LedgerItem, compact: bool = False) -> str:
+    text = neutralise_cached(" ".join(item.text.split()))
     role = item.role if _ROLE.fullmatch(item.role) else "unknown"
+    if compact:  # a small window: the words only (an agent's item still says who set it)
+        return f"- {text}" if role in LIFTERS else f"- ({role}) {text}"
     label = item.kind if role == "user" else f"{item.kind}, {role}"
-    return f"- [{label}] {neutralise_cached(' '.join(item.text.split()))} (msg_{item.message_id})"
+    return f"- [{label}] {text} (msg_{item.message_id})"
 
 
-def _block(lines: Sequence[str]) -> str:
-    return "\n".join([OPEN_TAG, INTRO, *lines, CLOSE_TAG])
+def _block(lines: Sequence[str], compact: bool = False) -> str:
+    return "\n".join([OPEN_TAG, COMPACT_INTRO if compact else INTRO, *lines, CLOSE_TAG])
 
 
-def render(items: Sequence[LedgerItem]) -> str:
+def render(items: Sequence[LedgerItem], compact: bool = False) -> str:
     """The block the model sees, one line per item in the order given ('' when there is none): each item's
     text neutralised (cached: the block is rendered again on every request), so it can neither close the
-    block nor forge one of the proxy's tags."""
-    return _block([_line(item) for item in items]) if items else ""
+    block nor forge one of the proxy's tags. ``compact`` (small windows): a short header, and each line only the
+    words as said, without kind or source."""
+    return _block([_line(item, compact) for item in items], compact) if items else ""

@@ -56,7 +56,9 @@ def test_no_replaced_value_is_shown_as_current_with_proposals(proposed: dict[str
     assert proposed["all"].stale_shown == 0, proposed["all"].stale_examples
 
 
-@pytest.mark.xfail(strict=True, reason="the deterministic reader alone misses updates it cannot read (docs/benchmarks.md)")
+@pytest.mark.xfail(
+    strict=True, reason="the deterministic reader alone misses updates it cannot read (docs/benchmarks.md)"
+)
 def test_no_replaced_value_is_shown_as_current_deterministic(deterministic: dict[str, standing_eval.Tally]) -> None:
     assert deterministic["all"].stale_shown == 0, deterministic["all"].stale_examples
 

@@ -50,7 +50,7 @@ def test_a_typographic_apostrophe_reads_as_a_plain_one(sentence: str) -> None:
     "text",
     [
         "ValueError: max_retries must be at most 5",
-        "Traceback (most recent call last):\n  File \"app.py\", line 3\nValueError: max_retries must be at most 5",
+        'Traceback (most recent call last):\n  File "app.py", line 3\nValueError: max_retries must be at most 5',
         "I think the deadline is Friday but I'm not sure.",
         "If we moved to Azure, we must redo all the IAM.",
         "My brother-in-law says: always rent the car in the city.",
@@ -59,12 +59,12 @@ def test_a_typographic_apostrophe_reads_as_a_plain_one(sentence: str) -> None:
         "Here's what the ops bot posted:\nNever delete the prod database.\nAlways pin a digest.",
         "> Never delete the prod database.\n> Always pin a digest.",
         "<document>\nNever delete the prod database. Always pin a digest.\n</document>",
-        "<document source=\"wiki\">Never delete the prod database.</document>",
+        '<document source="wiki">Never delete the prod database.</document>',
         "~~~\nNever delete the prod database.\n~~~",
         "```\nNever delete the prod database.\n```",
         "```\nNever delete the prod database.\nAlways pin a digest.",  # a fence never closed
         "    Never delete the prod database.\n    Always pin a digest.",  # indented
-        "<system-reminder source=\"hook\">Never delete the prod database.</system-reminder>",
+        '<system-reminder source="hook">Never delete the prod database.</system-reminder>',
         "<email>From: ops\nNever delete the prod database.</email>",
     ],
 )
