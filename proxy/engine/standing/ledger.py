@@ -20,7 +20,7 @@ This module is the deterministic core, with no store and no I/O:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from proxy import tokens
@@ -88,25 +88,54 @@ def extract(text: str, role: str) -> list[Statement]:
     # sets: a web page or a README quoted in a message must not become a standing rule (``speech.own_prose``).
     prose = own_prose(redact_secrets(text[:MAX_INPUT_CHARS]))
     found: dict[tuple[str, str], Statement] = {}
-    for sentence in sentences(prose):
-        if is_instruction_override(sentence) or not_own(sentence):
-            continue  # an override, someone else's rule, a hypothetical, a hedge, a log or code line
-        if role == "assistant" and _ASSISTANT_ACTION.search(sentence):
-            continue  # "Let's use ripgrep to find the call sites": a step of the work, not a decision
-        if role in LIFTERS and (topic := lifted(sentence)) and (words := content_words(topic)):
-            found[("lift", words)] = Statement("lift", words, "lifted", sentence)
-            continue
-        classified = classify(sentence, kinds)
-        if classified is None:
-            if role in LIFTERS and changes(sentence) and (words := content_words(sentence)):
-                found[("follow", words)] = Statement("follow", words, typed_value(sentence) or "", sentence)
-            continue
-        kind, slot, value = classified
-        if MARKER in value or KNOWN_MARKER in value:
-            continue  # "the API key is [REDACTED]": nothing worth keeping
-        found.pop((FAMILY[kind], slot), None)
-        found[(FAMILY[kind], slot)] = Statement(kind, slot, value, sentence)
+    for whole in sentences(prose):
+        parts = _clauses(whole)
+        read = [s for s in (_read(part, role, kinds) for part in parts) if s is not None] if len(parts) > 1 else []
+        if len(read) < 2:  # one instruction (or none) in the sentence: read it whole, with its context
+            read = [s for s in (_read(whole, role, kinds),) if s is not None]
+        for statement in read:
+            key = (FAMILY.get(statement.kind, statement.kind), statement.slot)
+            found.pop(key, None)
+            found[key] = statement
     return list(found.values())
+
+
+# Where one sentence holds several instructions: "no emojis, ever, and keep replies under 150 words", "rules:
+# squash merges; no force-push". Plain commas stay: "When you commit, always sign the commit" is one order.
+_CLAUSE_BREAK = re.compile(
+    r"\s*(?:;|\s[-–—]\s|,\s*(?:and|but|also|plus)\s+"
+    r"|\s+and\s+(?:also\s+)?(?=(?:never|always|don't|do not|please|keep|make sure|use|no)\b))\s*",
+    re.I,
+)
+_LABEL = re.compile(
+    r"^[^:]{0,60}\b(?:rules?|notes?|reminders?|constraints?|preferences?|requirements?|policy|update)\s*:\s*", re.I
+)
+
+
+def _clauses(sentence: str) -> list[str]:
+    """The parts of ``sentence`` that may each set an instruction (at most 6; one part when it does not split)."""
+    body = sentence[label.end() :] if (label := _LABEL.match(sentence)) else sentence
+    parts = [p.strip(" ,.") for p in _CLAUSE_BREAK.split(body)[:6]]
+    return [p for p in parts if len(p) >= 8] or [sentence]
+
+
+def _read(sentence: str, role: str, kinds: Collection[str]) -> Statement | None:
+    """What one sentence (or clause) states, if anything: a lift, an instruction, or a change."""
+    if is_instruction_override(sentence) or not_own(sentence):
+        return None  # an override, someone else's rule, a hypothetical, a hedge, a log or code line
+    if role == "assistant" and _ASSISTANT_ACTION.search(sentence):
+        return None  # "Let's use ripgrep to find the call sites": a step of the work, not a decision
+    if role in LIFTERS and (topic := lifted(sentence)) and (words := content_words(topic)):
+        return Statement("lift", words, "lifted", sentence)
+    classified = classify(sentence, kinds)
+    if classified is None:
+        if role in LIFTERS and changes(sentence) and (words := content_words(sentence)):
+            return Statement("follow", words, typed_value(sentence) or "", sentence)
+        return None
+    kind, slot, value = classified
+    if MARKER in value or KNOWN_MARKER in value:
+        return None  # "the API key is [REDACTED]": nothing worth keeping
+    return Statement(kind, slot, value, sentence)
 
 
 def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
