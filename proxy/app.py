@@ -100,6 +100,7 @@ async def _start(state: AppState, serving: bool) -> None:
         state.retention.start()
     for deployment in config.model_list:
         log.info("model %s -> %s", deployment.model_name, upstream_of(deployment))
+    state.upstream.windows.recheck_after = config.lcm_settings.context_window_recheck_seconds
     if config.lcm_settings.probe_context_window:
         state.upstream.probe_windows(state.router.deployments())
     log.info("conversations: %s (%s)", location.describe(), location.kind)

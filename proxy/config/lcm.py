@@ -44,6 +44,9 @@ class LcmSettings(Strict):
     # Ask each OpenAI-compatible api_base server for its context size at startup (llama.cpp's GET /props,
     # vLLM's /v1/models); a smaller one than configured is used instead (proxy.upstream.windows).
     probe_context_window: bool = True
+    # How long a context size learned from a server (its answer, or a refusal) holds: then its server is asked
+    # again and may state a larger one (not asked: the size is forgotten). null: until the process ends.
+    context_window_recheck_seconds: float | None = Field(default=600.0, gt=0)
     # Output tokens reserved when the request sets neither max_tokens nor max_completion_tokens.
     default_output_reserve: int = Field(default=4096, ge=0)
     retrieval_tools: Literal["auto", "always", "off"] = "auto"

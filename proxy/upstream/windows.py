@@ -17,6 +17,15 @@ What is learned is kept per deployment (a ``model_list`` entry and the model it 
 process learns for itself, by its own probe or, at worst, one refusal (which is retried within the new window,
 so no client sees it). ``proxy.relay.policy.ModelPolicy.window_of`` uses a learned size only when it is smaller
 than the configured one: the proxy never widens a window on a server's word.
+
+What is learned does not last for ever (``recheck_after``, ``lcm_settings.context_window_recheck_seconds``): a
+server restarted with a larger context, or one refusal quoting a tiny window, would otherwise shrink the model
+for every tenant until the proxy restarts. Once that long has passed, the next request to a deployment whose
+server is asked asks it again (and waits, as the first request waits for the startup probe): the size it states
+now replaces the old one, larger or not; a server that answers without one leaves the configured window in
+force until it or a refusal says otherwise; one that cannot be reached keeps what was learned, asked again
+after another interval. A deployment whose server is not asked forgets a refusal's size after that long: the
+configured window holds again until another refusal teaches it. Time is ``clock`` (monotonic; tests inject one).
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -37,6 +46,7 @@ from proxy.upstream.routing import ResolvedModel
 log = logging.getLogger("lcm_proxy.upstream")
 
 PROBE_TIMEOUT = 3.0  # seconds for each GET of a probe; a server on this machine answers in milliseconds
+RECHECK_SECONDS = 600.0  # how long a learned size holds before it is asked again (or, not asked, forgotten)
 MIN_WINDOW = 256  # a stated size below this is not believed (a misread number, not a context)
 MAX_WINDOW = 100_000_000
 MAX_MESSAGE_CHARS = 2_000  # refusals are read this far: the numbers come first in every known wording
@@ -101,6 +111,7 @@ class Learned:
     window: int
     how: str  # "GET /props", "GET /v1/models", "a refusal"
     at: int  # unix time
+    checked: float = 0.0  # ``ServerWindows.clock`` when learned or last asked again
 
 
 def _int(value: Any) -> int | None:
@@ -131,22 +142,37 @@ def _from_models(body: Any, model: str) -> int | None:
 
 
 class ServerWindows:
-    """The sizes learned per deployment, and the probes that learn them."""
+    """The sizes learned per deployment, and the probes that learn them (and ask again once they are due)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, recheck_after: float | None = RECHECK_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.recheck_after = recheck_after  # None: what is learned holds until the process ends
+        self.clock = clock
         self._learned: dict[str, Learned] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
+        self._asked: dict[str, ResolvedModel] = {}  # the deployments whose server is asked (``start``)
         self._margins: dict[str, float] = {}  # the server's count over the proxy's, measured on a refusal
 
     def get(self, target: ResolvedModel) -> Learned | None:
-        return self._learned.get(key_of(target))
-
-    def learn(self, target: ResolvedModel, window: int, how: str) -> None:
-        """Keep the smallest size a deployment's server stated."""
         key = key_of(target)
         known = self._learned.get(key)
-        if known is None or window < known.window:
-            self._learned[key] = Learned(window, how, int(time.time()))
+        if known is not None and key not in self._asked and self._due(known):
+            # Nobody to ask: a refusal's size lapses, and the configured window holds until a refusal says again.
+            del self._learned[key]
+            log.info("deployment %s: the context size learned from %s has lapsed", target.deployment, known.how)
+            return None
+        return known
+
+    def learn(self, target: ResolvedModel, window: int, how: str) -> None:
+        """Keep the smallest size a deployment's server stated (of those not yet due to be asked again)."""
+        key = key_of(target)
+        known = self._learned.get(key)
+        if known is None or window < known.window or self._due(known):
+            self._learned[key] = Learned(window, how, int(time.time()), self.clock())
+
+    def _due(self, known: Learned) -> bool:
+        return self.recheck_after is not None and self.clock() - known.checked >= self.recheck_after
 
     def learn_from_refusal(self, target: ResolvedModel, message: str) -> None:
         window = stated_window(message)
@@ -170,14 +196,21 @@ class ServerWindows:
     # --- probes ------------------------------------------------------------------------------------------
 
     def start(self, targets: Iterable[ResolvedModel]) -> None:
-        """Probe each deployment once, in the background."""
+        """Probe each deployment once, in the background; ``ready`` asks again once what it learned is due."""
         for target in targets:
             key = key_of(target)
+            self._asked.setdefault(key, target)
             if key not in self._probes:
                 self._probes[key] = asyncio.get_running_loop().create_task(self._probe(target))
 
     async def ready(self, target: ResolvedModel) -> None:
-        """Wait for the probes of the deployments that may answer ``target`` (at once, once they ended)."""
+        """Wait for the probes of the deployments that may answer ``target`` (at once, once they ended), after
+        starting one for each whose learned size is due to be asked again."""
+        for candidate in target.candidates():
+            key = key_of(candidate)
+            known, probe = self._learned.get(key), self._probes.get(key)
+            if key in self._asked and known is not None and self._due(known) and (probe is None or probe.done()):
+                self._probes[key] = asyncio.get_running_loop().create_task(self._probe(candidate, known))
         pending = [p for c in target.candidates() if (p := self._probes.get(key_of(c))) and not p.done()]
         if pending:
             await asyncio.wait(pending)
@@ -189,28 +222,51 @@ class ServerWindows:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _probe(self, target: ResolvedModel) -> None:
+    async def _probe(self, target: ResolvedModel, again: Learned | None = None) -> None:
+        """Ask the server for its size. ``again``: what was learned before, now due: the answer replaces it."""
+        key = key_of(target)
+        try:
+            found = await self._ask(target)
+        except (httpx.HTTPError, OSError) as error:
+            # The server may not be up yet: a refusal will teach the size instead (or, asking again, what was
+            # learned holds for another interval).
+            log.debug("could not ask %s for its context size: %s", target.deployment, type(error).__name__)
+            if again is not None and self._learned.get(key) is again:
+                self._learned[key] = replace(again, checked=self.clock())
+            return
+        if again is None or self._learned.get(key) is not again:  # first asked, or a refusal taught it meanwhile
+            if found is not None:
+                self.learn(target, *found)
+            return
+        if found is None:
+            del self._learned[key]  # the server no longer says: the configured window, until it or a refusal does
+        else:
+            self._learned[key] = Learned(found[0], found[1], int(time.time()), self.clock())
+        if found is None or found[0] != again.window:
+            log.info(
+                "deployment %s: asked again, the server's context is %s (was %d tokens, from %s)",
+                target.deployment, f"{found[0]} tokens" if found else "not stated", again.window, again.how,
+            )  # fmt: skip
+
+    async def _ask(self, target: ResolvedModel) -> tuple[int, str] | None:
+        """The size the server states and the request that said it; None when it answers without one."""
         api_base = str(target.litellm_params["api_base"]).rstrip("/")
         root = api_base[: -len("/v1")] if api_base.endswith("/v1") else api_base
         key = target.litellm_params.get("api_key")
         headers = {"authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
         timeout = httpx.Timeout(PROBE_TIMEOUT, connect=min(1.0, PROBE_TIMEOUT))
-        try:
-            async with httpx.AsyncClient(timeout=timeout, headers=headers, follow_redirects=False) as client:
-                for path, url, read in (
-                    ("GET /props", f"{root}/props", _from_props),
-                    ("GET /v1/models", f"{api_base}/models", lambda b: _from_models(b, target.upstream_model)),
-                ):
-                    response = await client.get(url)
-                    if response.status_code != 200 or len(response.content) > 1_000_000:
-                        continue
-                    try:
-                        window = read(response.json())
-                    except ValueError:
-                        continue
-                    if window is not None:
-                        self.learn(target, window, path)
-                        return
-        except (httpx.HTTPError, OSError) as error:
-            # The server may not be up yet: a refusal will teach the size instead.
-            log.debug("could not ask %s for its context size: %s", target.deployment, type(error).__name__)
+        async with httpx.AsyncClient(timeout=timeout, headers=headers, follow_redirects=False) as client:
+            for path, url, read in (
+                ("GET /props", f"{root}/props", _from_props),
+                ("GET /v1/models", f"{api_base}/models", lambda b: _from_models(b, target.upstream_model)),
+            ):
+                response = await client.get(url)
+                if response.status_code != 200 or len(response.content) > 1_000_000:
+                    continue
+                try:
+                    window = read(response.json())
+                except ValueError:
+                    continue
+                if window is not None:
+                    return window, path
+        return None

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
 
 from proxy.errors import InternalError
 from proxy.types import Chunk, Message
 from proxy.upstream.rounds import DEFAULT_SOURCE, Round
 from proxy.wire.http import REPORTED, to_proxy_error
 from proxy.wire.sse import DONE, sse_event
+from proxy.wire.streaming import ClosingStream, aclose_iterator
 
 log = logging.getLogger("lcm_proxy.wire")
 
@@ -44,8 +44,8 @@ class Answer:
 
 def streaming(
     chunks: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None, leave: Callable[[], None]
-) -> StreamingResponse:
-    response = StreamingResponse(
+) -> ClosingStream:
+    response = ClosingStream(
         chunks, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
     )
     # The relay ends the request's turn when it finishes; should it never start (the client left before the
@@ -66,10 +66,12 @@ async def relay_sse(
     when the stream is over, however it ends; ``answer`` keeps what the client received when the stream
     reached its end, before ``[DONE]``. Every chunk is read as the recall loop reads it (``source`` names the
     upstream): an answer the ``Round`` finds malformed (two calls under one id, a call without a name) ends
-    with ``upstream_bad_stream`` in place of the chunk that showed it, as it is a 502 when not streamed."""
+    with ``upstream_bad_stream`` in place of the chunk that showed it, as it is a 502 when not streamed.
+    Closed before its end (the client left: ``proxy.wire.streaming``), it closes ``stream`` at once."""
     collected = Round(source)
+    chunks = aiter(stream)
     try:
-        async for chunk in stream:
+        async for chunk in chunks:
             if on_delta is not None:
                 for choice in chunk.get("choices") or []:
                     on_delta(choice.get("delta") if isinstance(choice, dict) else None)
@@ -85,6 +87,7 @@ async def relay_sse(
     finally:
         if leave is not None:
             leave()
+        await aclose_iterator(chunks)
     if answer is not None and collected.finish_reason is not None:
         await answer.keep(collected.message())
     yield DONE

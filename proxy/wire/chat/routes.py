@@ -28,6 +28,7 @@ from proxy.wire.chat.forward import CONVERSATION_HEADER, Call, compacted_retry, 
 from proxy.wire.chat.validation import validate_chat_request
 from proxy.wire.http import REPORTED, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import sse_event
+from proxy.wire.streaming import ClosingStream, aclose_iterator
 
 if TYPE_CHECKING:
     from proxy.wire.state import AppState
@@ -88,7 +89,7 @@ async def chat_completions(request: Request) -> Response:
                     headers[CONVERSATION_HEADER] = started.request.conversation.id
                     headers["x-lcm-tokens-sent"] = str(started.request.ingested.tokens_sent)
                     headers["x-lcm-compaction"] = "inline"
-                    return StreamingResponse(
+                    return ClosingStream(
                         _after_compaction(call, finishing),
                         media_type="text/event-stream",
                         headers={**SSE_HEADERS, **headers},
@@ -160,8 +161,11 @@ async def _after_compaction(call: Call, finishing: asyncio.Future[Prepared]) -> 
         assert isinstance(response, StreamingResponse)
         told, prepared = prepared, None
         yield figures_comment(told)
-        async for chunk in response.body_iterator:
-            yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        try:
+            async for chunk in response.body_iterator:
+                yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        finally:
+            await aclose_iterator(response.body_iterator)  # closed early (the client left): the upstream's too
         if response.background is not None:
             await response.background()  # a deferred sweep resumes in the background
     except REPORTED as error:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError
@@ -46,6 +46,7 @@ from proxy.wire.passthrough.shapes import (
     wire_json,
 )
 from proxy.wire.sse import DONE, sse_event
+from proxy.wire.streaming import ClosingStream, aclose_iterator
 
 if TYPE_CHECKING:
     from proxy.wire.state import AppState
@@ -152,7 +153,7 @@ async def completions(request: Request) -> Response:
         return stream
 
     stream = await state.upstream.call(COMPLETIONS.function, target, arguments, stream=True, opened=primed)
-    return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+    return ClosingStream(_relay(stream), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _text_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
@@ -179,9 +180,11 @@ async def _text_chunks(wrapper: Any, include_usage: bool) -> AsyncIterator[dict[
 
 
 async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
-    """Chunks as SSE. After the first byte the status is sent, so errors become an error event."""
+    """Chunks as SSE. After the first byte the status is sent, so errors become an error event. Closed before
+    its end (the client left: ``proxy.wire.streaming``), it closes ``stream`` at once."""
+    chunks = aiter(stream)
     try:
-        async for chunk in stream:
+        async for chunk in chunks:
             yield sse_event(chunk)
     except REPORTED as error:
         yield sse_event(to_proxy_error(error).to_json())
@@ -190,6 +193,8 @@ async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
         log.exception("unexpected error while streaming a text completion")
         yield sse_event(InternalError("Internal error in lcm-proxy while streaming.").to_json())
         return
+    finally:
+        await aclose_iterator(chunks)
     yield DONE
 
 

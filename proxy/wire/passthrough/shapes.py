@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.errors import InvalidRequestError, UpstreamError
 from proxy.upstream.client import describe_upstream
 from proxy.upstream.relay import Relayed
 from proxy.upstream.routing import ResolvedModel
 from proxy.wire.http import MAX_DEPTH
+from proxy.wire.streaming import ClosingStream
 
 if TYPE_CHECKING:
     from proxy.wire.state import AppState
@@ -180,7 +181,7 @@ def relayed_response(answer: Relayed | bytes) -> Response:
     if isinstance(answer, bytes):
         return Response(answer, media_type="application/json")
     headers = {"content-length": str(answer.length)} if answer.length is not None else None
-    return StreamingResponse(answer.chunks, status_code=answer.status, media_type=answer.media_type, headers=headers)
+    return ClosingStream(answer.chunks, status_code=answer.status, media_type=answer.media_type, headers=headers)
 
 
 def wire_json(result: Any, target: ResolvedModel) -> dict[str, Any]:
