@@ -32,6 +32,8 @@ counted and reported. Output over the budget never reaches the kit unless no win
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import re
 import statistics
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -375,6 +377,33 @@ def reference_factories() -> dict[str, Callable[[], Any]]:
     return dict(COMPACTORS)
 
 
+class _Unclosed(logging.Filter):
+    """Counts (and keeps off stderr) asyncio's "Unclosed client session/connector" lines: the aiohttp sessions
+    LiteLLM caches per event loop, left behind by the hundreds of proxy apps this run starts and stops in one
+    process (garbage-collected late, each one is said on stderr)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(("Unclosed client session", "Unclosed connector")):
+            self.count += 1
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def unclosed_sessions() -> Iterator[_Unclosed]:
+    logger = logging.getLogger("asyncio")
+    counter = _Unclosed()
+    logger.addFilter(counter)
+    try:
+        yield counter
+    finally:
+        logger.removeFilter(counter)
+
+
 def run(
     budgets: tuple[float, ...], seeds: tuple[int, ...], rounds: int, tolerance: float, reference: bool, verbose: bool
 ) -> tuple[dict[str, Any], Contest, Counter[str]]:
@@ -385,7 +414,11 @@ def run(
     upstream = KitUpstream()
     entries: list[dict[str, Any]] = []
     payload: dict[str, Any] = {}
-    with serve_in_thread(upstream.app) as url, proxy_warnings(verbose) as warnings:
+    with (
+        serve_in_thread(upstream.app) as url,
+        proxy_warnings(verbose) as warnings,
+        unclosed_sessions() as unclosed,
+    ):
         contest = Contest(upstream, url, tolerance)
         contest.sessions = [(c, s) for c in ("randomized", "semantic", "semantic-heldout") for s in seeds]
         for fraction in budgets:
@@ -398,6 +431,10 @@ def run(
             print(f"  kit at {fraction:.0%}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
     payload["budgets"] = list(budgets)
     payload["entries"] = entries
+    if unclosed.count:
+        warnings["aiohttp sessions of stopped proxy apps garbage-collected unclosed (asyncio's log lines)"] = (
+            unclosed.count
+        )
     return payload, contest, warnings
 
 
@@ -410,6 +447,10 @@ _BLOCKS = {
 }
 CAUSES = {
     "not extracted": "its statement set no ledger item (proxy/engine/slots.py classify found nothing in it)",
+    "stubbed as a paste": (
+        "a later round: the previous output's first message (ledger block and summaries) was stored as a pasted"
+        " file and forwarded as its stub (intercept.Interceptor._text), which ledger.extract skips"
+    ),
     "partial item": "its item keeps one sentence of its statement, without the other's tokens (ledger.extract)",
     "falsely superseded": "its item was superseded by a statement about something else (ledger.supersedes)",
     "no ledger block": "no block at all: a message limit under 400 tokens has no ledger share (budget.ledger_share)",
@@ -481,6 +522,8 @@ def cause_of(canary: Any, call: Call) -> tuple[str, str]:
     own = [i for i in ledger if " ".join(i["text"].lower().split()) in content]  # items from its own statement
     full = [i for i in own if all(t in i["text"].lower() for t in tokens)]
     if not own:
+        if call.round > 1 and "[LCM File: " in call.output:
+            return "stubbed as a paste", ""
         return "not extracted", ""
     if not full:
         best = max(own, key=lambda i: sum(t in i["text"].lower() for t in tokens))
@@ -589,6 +632,34 @@ def print_tables(
             f"| {fraction:.0%} | {round_} | {held}/{total} ({held / max(1, total):.1%}) |"
             f" {resolved}/{conflicts} ({resolved / max(1, conflicts):.1%}) | {stale}/{conflicts} |"
         )
+    print("\n### Where lcm-proxy's characters go (mean per session; rounds 1 and last)\n")
+    print(
+        "| budget | round | output chars | ledger block | summaries | recall block | raw messages¹ |"
+        " ledger items shown / current | [superseded] markers |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for fraction in payload["budgets"]:
+        mine = [c for c in contest.calls if c.budget_fraction == fraction]
+        last = max((c.round for c in mine), default=1)
+        for round_ in sorted({1, last}):
+            calls = [c for c in mine if c.round == round_]
+            if not calls:
+                continue
+            parts = [sections(c.output) for c in calls]
+            cells = " | ".join(
+                f"{statistics.mean(len(p[k]) for p in parts):.0f}" for k in ("ledger", "summary", "recall", "raw")
+            )
+            shown = statistics.mean(p["ledger"].count("\n- [") for p in parts)
+            current = statistics.mean(
+                sum(i["superseded_seq"] is None for i in (c.search.chosen.ledger if c.search.chosen else []))
+                for c in calls
+            )
+            markers = statistics.mean(c.output.count("[superseded]") for c in calls)
+            print(
+                f"| {fraction:.0%} | {round_} | {statistics.mean(len(c.output) for c in calls):.0f} | {cells} |"
+                f" {shown:.1f} / {current:.1f} | {markers:.1f} |"
+            )
+    print("\n¹ the instructions and the messages forwarded as sent, with their `[role] ` prefixes.")
     print("\n### lcm-proxy's windows (the largest whose forwarded text fits the budget)\n")
     print(
         "| budget | round | budget chars (median) | window tokens min / median / max | output chars / budget (max) |"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -92,3 +94,28 @@ def test_compaction_benchmark_prints_the_prompt_cache_tables() -> None:
         assert len(rows) == 4 and all(row[0].strip().startswith(way) for row, way in zip(rows[1:], ways, strict=True))
         assert all(float(row[7]) > 0 and float(row[8]) > 0 for row in rows[1:]), "billed input measured"
     assert "Anthropic: a cache breakpoint at the end of every request" in out.stdout
+
+
+def test_kit_benchmark_ranks_lcm_proxy_within_the_budget() -> None:
+    """``python -m bench kit --quick`` at one budget: the kit's leaderboard with lcm-proxy on it, through a live
+    proxy, within the kit's character budget in every round (compaction-conformance-kit is the ``bench`` extra)."""
+    pytest.importorskip("compaction_kit")
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "kit", "--quick", "--budgets", "20"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [
+        line.strip("|").split("|") for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    board = {row[1].strip(): row for row in rows if len(row) == 8 and row[0].strip().isdigit()}
+    assert {"lcm-proxy", "semantic-checklist", "lossy-truncation"} <= set(board)
+    assert board["lcm-proxy"][2].strip() == "yes", "lcm-proxy's output went over the kit's budget"
+    assert "%" in board["lcm-proxy"][3]  # survival, scored by the kit
+    windows = [row for row in rows if len(row) == 11 and row[0].strip() == "20%"]
+    assert [row[1].strip() for row in windows] == ["1", "2"], "one row per round of the window search"
+    assert all(float(row[4]) <= 1.0 for row in windows), "output chars / budget"
+    assert "### Why lcm-proxy lost canaries" in out.stdout
