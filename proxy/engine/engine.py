@@ -232,7 +232,7 @@ class ContextEngine:
         if block:
             used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
         recalled: tuple[int, ...] = ()
-        if self.settings.auto_recall == "auto" and assembly.first_raw > 0:
+        if self.settings.auto_recall == "auto" and assembly.first_raw > 0 and sizes.recall > 0:
             cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
             raw, recall_tokens, recalled = await auto_recall.place(
                 self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled

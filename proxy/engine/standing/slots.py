@@ -54,7 +54,8 @@ _LEAD = re.compile(
 _CLAUSE = r"^(?:[^,:;]{0,40}[,:;]\s*)?(?:(?:you|we|everyone|the team)\s+)?"  # "When you commit, always …"
 _NOT_AN_ORDER = (
     r"(?!(?:worry|mind|bother|hesitate|know|think|care|understand|the|a|an|this|that|so|such|been|got|had|did|if|when|once|because|after|again|one|\d"
-    r"|was|were|saw|said|went|made|heard|knew|thought|found|came|seen|done|gone|known|taken|given|\w+ed)\b)"
+    r"|was|were|saw|said|went|made|heard|knew|thought|found|came|seen|done|gone|known|taken|given"
+    r"|(?!\w+eed\b)\w+ed)\b)"  # a past tense, not "exceed", "proceed", "need"
 )
 _RULE = re.compile(
     _CLAUSE
