@@ -38,6 +38,7 @@ from proxy.engine.standing.lexicon import (
     Found,
     content_words,
     topic,
+    with_topic,
 )
 
 _PRESENTATION = re.compile(
@@ -89,7 +90,9 @@ _LABEL = re.compile(
     r"|^(?:(?:the|my|our|your)\s+)?(?:(?:current|next|new|main)\s+)?(?P<task>task|next up|next step)"
     r"(?:\s+for\s+(?:today|now|this week|the day))?\s*(?:is\s+|:\s*)(?P<trest>.{3,})"
     r"|^(?:what(?:'s| is) left|what remains|all that(?:'s| is) left)\s+(?:now\s+)?(?:is\s+|:\s*)(?P<lrest>.{3,})"
-    r"|^(?:(?:the|our)\s+)?plan(?P<plan>\s+for\s+[^:,]{1,40}?)?\s*(?:is\s+to\s+|:\s*)(?P<prest>.{3,})",
+    r"|^(?:(?:the|our)\s+)?plan(?P<plan>\s+for\s+[^:,]{1,40}?)?\s*(?:is\s+to\s+|:\s*)(?P<prest>.{3,})"
+    r"|^(?:fact|facts|fyi|for the record|context|background|keep in mind|remember|note|n\.b\.?)\s*[:-]\s*"
+    r"(?P<frest>.{3,})",
     re.I,
 )
 
@@ -107,6 +110,9 @@ def labelled(text: str, classify: Callable[[str], Found | None]) -> Found | None
         return found or ("decision", content_words(rest), rest.strip(" ."))
     if rest := label.group("trest") or label.group("lrest"):
         return "goal", "task", rest.strip(" .")
+    if rest := label.group("frest"):  # "FACT: the primary region is eu-north-3": what holds, said as such
+        found = classify(rest)
+        return found or ("name", with_topic("fact", rest, value := typed_value(rest) or ""), value or rest.strip(" ."))
     rest = label.group("prest")
     return "goal", f"plan {topic(label.group('plan') or '')}".strip(), rest.strip(" .")
 

@@ -80,7 +80,7 @@ simple separately actually probably basically definitely clear very pretty rathe
 due finish finished complete done codename codenamed called named mention give talk write show quote summarise
 move moved slip slipped push pushed postpone shift change raise lower cut bump drop upgrade upgraded
 requirement rule policy constraint goal task status decision prefer owner use wait block stuck settle
-settled agree agreed decide decided
+settled agree agreed decide decided fact facts fyi context background remember
 """
 GENERIC = frozenset(stem(w) for w in _GENERIC.split()) | frozenset(_GENERIC.split())
 
@@ -97,6 +97,9 @@ def topic(text: str, value: str = "") -> str:
         if stemmed in THINGS:
             before = words[i - 1] if i else ""
             qualifier = "" if before in STOPWORDS or stem(before) in GENERIC else stem(before)
+            first = stem(words[i - 2]) if i > 1 and words[i - 2] not in STOPWORDS else ""
+            if qualifier and len(first) > 2 and first not in GENERIC and first not in THINGS:
+                qualifier = f"{first}-{qualifier}"  # "primary deployment region" is not the backup one
             stemmed = f"{stemmed}@{qualifier}"
         out.add(stemmed)
     return " ".join(sorted(out))
