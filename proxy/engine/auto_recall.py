@@ -6,7 +6,9 @@ excerpts in one ``<recalled_history>`` block just before that message.
 How it searches:
 
 1. **Terms** (``proxy.engine.terms.query_terms``): the words of the user's message that say which message is
-   wanted, weighted (identifiers, numbers, names and long words more), at most ``MAX_TERMS``.
+   wanted, weighted (identifiers, numbers, names and long words more), at most ``MAX_TERMS``. A message that
+   carries a stub is read without it (``proxy.engine.intercept.outside_stubs``): the question asked after a
+   paste is the query, not the stub's excerpts of the paste.
 2. **Candidates**: up to ``MAX_CANDIDATES`` messages of the conversation before ``before_seq`` matching any
    term (quoted and OR-ed, so no input is FTS5 syntax), best ``bm25`` first.
 3. **Rescoring**, in Python: the sum over the *distinct* terms a message contains of term weight × rarity,
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 from proxy import tokens
 from proxy.dialects import Dialect
+from proxy.engine.intercept import outside_stubs
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
 from proxy.engine.terms import Matcher, Term, query_terms, token_positions
@@ -356,6 +359,11 @@ async def place(
     if index < 0:
         return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
     query = dialect.text(raw[index])
+    # Searched with the user's own words: around a pasted block, the question, not the stub's excerpts of the
+    # paste (which would crowd it out of the terms); a message that is all paste is searched with its stub.
+    words = outside_stubs(query)
+    if words.strip():
+        query = words
     block = await recall_block(store, conversation_id, first_raw, query, cap)
     if block is None:
         return raw, 0, ()

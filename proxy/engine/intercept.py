@@ -2,9 +2,11 @@
 
 Three kinds of payload leave the message and go to content-addressed files:
 
-* ``<file name=… mime=…>…</file>`` blocks (and whole pasted texts) of at least ``large_file_token_threshold``
+* ``<file name=… mime=…>…</file>`` blocks (and pasted texts) of at least ``large_file_token_threshold``
   tokens, in string content or text parts: replaced in what is forwarded by an ``[LCM File: …]`` stub with
-  an exploration summary, even in the fresh tail (one such paste would otherwise eat the whole budget);
+  an exploration summary, even in the fresh tail (one such paste would otherwise eat the whole budget). Of a
+  pasted text only the paste is stored and stubbed: the user's words around it stay in place
+  (``proxy.engine.paste``);
 * tool results of at least ``tool_result_token_threshold`` tokens: stored now, forwarded raw until compaction
   is due (then swapped for their stub, which is prepared here), or stubbed at once when they are as large as
   a huge file;
@@ -33,6 +35,7 @@ from typing import Any
 from proxy import tokens
 from proxy.dialects import Dialect
 from proxy.dialects.base import Path
+from proxy.engine import paste
 from proxy.engine.neutralise import neutralise
 from proxy.types import Message
 
@@ -135,6 +138,36 @@ def stub_text(payload: Payload, exploration: str, tool_name: str | None = None) 
     )
 
 
+STUB_HEADS = ("[LCM File: file_", "[LCM Tool Output: file_")
+STUB_HINT = '(Stored out of line by lcm-proxy. Call lcm_describe with id "file_'
+MAX_HINT_TAIL = 200  # from the hint's id to its closing ".)"
+
+
+def outside_stubs(text: str) -> str:
+    """``text`` without the stubs in it (each from its ``[LCM …]`` head to the closing hint): the words a user
+    wrote around a paste. One linear scan (a stub's exploration summary quotes the payload: what a search
+    for the user's words must not read)."""
+    pieces: list[str] = []
+    position = 0
+    while (head := text.find("[LCM ", position)) >= 0:
+        if not text.startswith(STUB_HEADS, head):
+            pieces.append(text[position : head + 5])
+            position = head + 5
+            continue
+        hint = text.find(STUB_HINT, head)
+        if hint < 0:
+            break  # no stub closes after this point
+        close = text.find(".)", hint + len(STUB_HINT), hint + len(STUB_HINT) + MAX_HINT_TAIL)
+        if close < 0:  # not a hint after all: what follows it cannot close a stub either
+            pieces.append(text[position : hint + len(STUB_HINT)])
+            position = hint + len(STUB_HINT)
+            continue
+        pieces.append(text[position:head])
+        position = close + 2
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
 @dataclass(frozen=True)
 class FileBlock:
     start: int  # of "<file"
@@ -234,11 +267,14 @@ class Interceptor:
             segments.append(text[stored_at:])
             forward.append(text[forwarded_at:])
         else:
-            # No block is big enough on its own, yet the whole text is huge: a paste without <file> tags.
-            payload = self._payload(text.encode(), "pasted-text.txt", "text/plain", "pasted_text", text)
+            # No block is big enough on its own, yet the whole text is huge: a paste without <file> tags. The
+            # user's own words around it (a line before, a question after) stay in place, outside the stub.
+            found = paste.find(text, paste.words_budget(self.large)) or paste.whole(text)
+            inner = text[found.inner_start : found.inner_end]
+            payload = self._payload(inner.encode(), found.name, "text/plain", "pasted_text", inner)
             payloads.append(payload)
-            segments = [{"ref": payload.file_id}]
-            forward = [stub_text(payload, await self.explore(payload))]
+            segments = [text[: found.inner_start], {"ref": payload.file_id}, text[found.inner_end :]]
+            forward = [text[: found.start], stub_text(payload, await self.explore(payload)), text[found.end :]]
         self._record(result, path, segments, payloads)
         result.forward_patches.append((path, "".join(forward)))
 
