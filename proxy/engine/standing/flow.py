@@ -45,6 +45,7 @@ POLARITIES = frozenset({"never", "always", "allowed", "not required"})  # a rule
 # The caps keep a request's work and the ledger bounded, and never cost the promise that a replaced value is not
 # shown as current: an update (a statement that supersedes an open item) is always written, whatever the
 # counts, and only statements that would add a *new* item are left out, which is silence, never a stale value.
+# An update takes the place of what it replaces, so the count of open items never grows past the cap.
 # * Per message, the first MAX_NEW_PER_MESSAGE new items: people set standing instructions one or two at a
 #   time (the benchmark scripts plant at most two per message); a message that sets dozens is a pasted
 #   document or a probe, and its first ones are those its writer put first. (The last ones cannot be chosen
@@ -132,14 +133,17 @@ def plan(basis: Sequence[LedgerItem], start: int, new: Said, *, exhaustive: bool
     for offset, (role, statements) in enumerate(new):
         fresh = 0
         for statement, superseded in ledger.reconcile((), statements, index=index) if statements else ():
-            if not superseded:
+            # An update replaces an item still open; one whose items an earlier statement of the message
+            # replaced already (two may replace one item without replacing each other) would grow the ledger.
+            if not any(item_id in position for item_id in superseded):
                 if fresh >= MAX_NEW_PER_MESSAGE or len(index) >= MAX_OPEN_ITEMS:
                     left_out += 1
                     continue
                 fresh += 1
             k = len(writes)
-            for item_id in superseded:
-                index.remove(position.pop(item_id))
+            for item_id in superseded:  # (two statements of one message may both replace an item: the later wins)
+                if item_id in position:
+                    index.remove(position.pop(item_id))
                 if item_id not in basis_at:  # an item this request added for an earlier message
                     earlier = int(item_id.removeprefix("new:"))
                     writes[earlier] = replace(writes[earlier], replaced=(offset, k))
