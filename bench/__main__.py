@@ -11,10 +11,11 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, load, overhead, store
+from bench import compaction, delete, fidelity, ingest, ledger, load, overhead, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
+    "ledger": ledger.main,
     "store": store.main,
     "delete": delete.main,
     "compaction": compaction.main,
@@ -23,7 +24,7 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "fidelity": fidelity.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "load", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "ledger", "load", "store"}
 
 
 def main() -> None:

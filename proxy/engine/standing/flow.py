@@ -55,6 +55,9 @@ POLARITIES = frozenset({"never", "always", "allowed", "not required"})  # a rule
 #   are what every later statement is compared with. Updates keep the count, so they go on being written.
 MAX_NEW_PER_MESSAGE = 8
 MAX_OPEN_ITEMS = 300
+OFF_LOOP_WRITES = 256  # new items beyond which their rows are built in a worker thread
+WRITE_CHUNK = 1000  # rows per insert (the loop runs between two)
+OFF_LOOP_ITEMS = 64  # items read for a request beyond which ``Standing.of`` runs in a worker thread
 
 Said = list[tuple[str, list[Statement]]]  # per new message: (role, its statements)
 Signature = tuple[int, str, str, str, str, str, str]  # what a plan reads of an open item: all but its ids
@@ -186,7 +189,8 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
     """Write ``plan`` in the transaction that appended its messages at seqs ``start``…: its items, and the
     items each supersedes. Raises ``LedgerMoved`` (the caller rolls back, plans again off the loop and
     retries) when the open items are not the plan's basis. The work: one read of the open items (which the
-    cap bounds), then one insert and an update per superseding item. Returns the items added."""
+    cap bounds), the rows built (in a worker thread when there are many), inserted in chunks, and one update
+    per item that replaces open ones. Returns the items added."""
     if not plan.stated:
         return 0
     items = await tx.ledger(conversation_id)
@@ -197,24 +201,40 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
         return 0
     offsets = [write.offset for write in plan.writes]
     message_ids = await tx.message_ids(conversation_id, start + min(offsets), start + max(offsets) + 1)
+    build = functools.partial(_rows, plan, conversation_id, message_ids, [item.id for item in ordered])
+    rows, supersessions = await asyncio.to_thread(build) if len(plan.writes) > OFF_LOOP_WRITES else build()
+    for chunk in range(0, len(rows), WRITE_CHUNK):
+        await tx.add_ledger_items(rows[chunk : chunk + WRITE_CHUNK])
+    for by, seq, replaced in supersessions:
+        await tx.supersede_ledger_items(replaced, by, seq)
+    return len(rows)
+
+
+def _rows(
+    plan: Plan, conversation_id: str, message_ids: dict[int, int], basis_ids: list[str]
+) -> tuple[list[LedgerItem], list[tuple[str, int, list[str]]]]:
+    """The plan's new items as rows, and (by, seq, ids) of the open items they replace. Of two items of one
+    message that replace the same one, the later is its ``superseded_by`` (as when each was written in turn)."""
     ids = [new_item_id() for _ in plan.writes]
     now = time.time()
-    rows = [
-        replace(
-            _item(ids[k], start, write),
-            conversation_id=conversation_id,
-            message_id=message_ids.get(start + write.offset, 0),
-            created_at=now,
-            superseded_seq=None if write.replaced is None else start + write.replaced[0],
-            superseded_by=None if write.replaced is None else ids[write.replaced[1]],
-        )
-        for k, write in enumerate(plan.writes)
-    ]
-    await tx.add_ledger_items(rows)
+    rows = []
+    last: dict[int, int] = {}  # basis position -> the write that replaces it last
     for k, write in enumerate(plan.writes):
-        if write.replaces:
-            await tx.supersede_ledger_items([ordered[p].id for p in write.replaces], ids[k], start + write.offset)
-    return len(rows)
+        rows.append(
+            replace(
+                _item(ids[k], plan.start, write),
+                conversation_id=conversation_id,
+                message_id=message_ids.get(plan.start + write.offset, 0),
+                created_at=now,
+                superseded_seq=None if write.replaced is None else plan.start + write.replaced[0],
+                superseded_by=None if write.replaced is None else ids[write.replaced[1]],
+            )
+        )
+        last.update((p, k) for p in write.replaces)
+    grouped: dict[int, list[str]] = {}
+    for p, k in sorted(last.items()):
+        grouped.setdefault(k, []).append(basis_ids[p])
+    return rows, [(ids[k], plan.start + plan.writes[k].offset, grouped[k]) for k in sorted(grouped)]
 
 
 def _item(item_id: str, start: int, write: Write) -> LedgerItem:
@@ -232,7 +252,12 @@ class Standing:
 
     @classmethod
     async def read(cls, q: Reads, conversation_id: str) -> Standing:
-        return cls.of(await q.ledger(conversation_id, include_superseded=True))
+        """The open items and the newest replaced ones (those ``stale_pattern`` masks): replaced items pile up
+        as a conversation goes on, and this is read on every request."""
+        items = await q.ledger(conversation_id, include_superseded=True, newest_superseded=MAX_MASKED)
+        if len(items) > OFF_LOOP_ITEMS:  # the pattern of many stale items takes a while to compile
+            return await asyncio.to_thread(cls.of, items)
+        return cls.of(items)
 
     @classmethod
     def of(cls, items: list[LedgerItem]) -> Standing:
