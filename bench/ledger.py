@@ -12,9 +12,10 @@ Two tables:
   ``proxy/engine/standing/index.py`` and the caps, against comparing every pair (the same function with an
   exhaustive index) and against the old all-pairs reconcile without caps (``--before``; the 300-message row
   of that is the issue's figure, it is not run);
-* **through HTTP** (the proxy under uvicorn, the fake upstream on 127.0.0.1): the request's time, how long
-  the writer was held, the worst and the 99th-percentile ``/healthz`` answer while it was handled (a probe
-  every 10 ms), as a ratio to the 100 ms bound, and the items stored.
+* **through HTTP** (the proxy under uvicorn, the fake upstream on 127.0.0.1), each request with the ledger off
+  (the baseline: what the rest of the path costs) and on: the request's time, how long the writer was held,
+  the worst and the 99th-percentile ``/healthz`` answer while it was handled (a probe every 10 ms), as a ratio
+  to the 100 ms bound, and the items stored.
 """
 
 from __future__ import annotations
@@ -106,9 +107,9 @@ async def _held(store: Any, held: list[float]) -> AsyncIterator[Any]:
 
 def through_http(sizes: tuple[int, ...], small: int) -> None:
     print("\n## ledger: the hostile request through HTTP (uvicorn on 127.0.0.1, fake upstream)\n")
-    print("| request | MB | status | request s | writer held max ms | /healthz probes | /healthz max ms |"
+    print("| request | MB | ledger | status | request s | writer held max ms | /healthz probes | /healthz max ms |"
           " /healthz p99 ms | max / 100 ms | open items | items stored |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     fake = FakeUpstream()
     with serve_in_thread(fake.app) as upstream:
         cases: list[tuple[str, list[dict[str, Any]]]] = [(f"{n} × 4 KB of rules", rule_dense_request(n)) for n in sizes]
@@ -117,13 +118,14 @@ def through_http(sizes: tuple[int, ...], small: int) -> None:
                         for i in range(small - 1)] + [{"role": "user", "content": "Thanks."}]  # fmt: skip
             cases.append((f"{small:,} small messages", messages))
         for label, transcript in cases:
-            row = run_request(upstream, transcript)
-            print(f"| {label} | {row['mb']:.2f} | {row['status']} | {row['seconds']:.1f} | {row['held'] * 1000:.0f} |"
-                  f" {row['probes']} | {row['max'] * 1000:.0f} | {row['p99'] * 1000:.0f} | {row['max'] / BOUND:.2f} |"
-                  f" {row['open']} | {row['items']} |")  # fmt: skip
+            for standing in ("off", "auto"):  # the same request without the ledger: the baseline of this run
+                row = run_request(upstream, transcript, standing)
+                print(f"| {label} | {row['mb']:.2f} | {standing} | {row['status']} | {row['seconds']:.1f} |"
+                      f" {row['held'] * 1000:.0f} | {row['probes']} | {row['max'] * 1000:.0f} |"
+                      f" {row['p99'] * 1000:.0f} | {row['max'] / BOUND:.2f} | {row['open']} | {row['items']} |")  # fmt: skip
 
 
-def run_request(upstream: str, transcript: list[dict[str, Any]]) -> dict[str, Any]:
+def run_request(upstream: str, transcript: list[dict[str, Any]], standing: str) -> dict[str, Any]:
     model = {
         "model_name": "big-model",
         "litellm_params": {"model": "openai/fake-model", "api_base": f"{upstream}/v1", "api_key": "sk-bench"},
@@ -132,7 +134,8 @@ def run_request(upstream: str, transcript: list[dict[str, Any]]) -> dict[str, An
     body = orjson.dumps({"model": "big-model", "messages": transcript})
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp)
-        app = create_app(make_config(upstream, data_dir, models=[model], request_timeout=600), serving=True)
+        lcm = {"standing_instructions": standing}
+        app = create_app(make_config(upstream, data_dir, lcm, models=[model], request_timeout=600), serving=True)
         held: list[float] = []
         with serve_in_thread(app) as url:
             store = app.state.lcm.store

@@ -220,17 +220,14 @@ def _rows(
     rows = []
     last: dict[int, int] = {}  # basis position -> the write that replaces it last
     for k, write in enumerate(plan.writes):
-        rows.append(
-            replace(
-                _item(ids[k], plan.start, write),
-                conversation_id=conversation_id,
-                message_id=message_ids.get(plan.start + write.offset, 0),
-                created_at=now,
-                superseded_seq=None if write.replaced is None else plan.start + write.replaced[0],
-                superseded_by=None if write.replaced is None else ids[write.replaced[1]],
-            )
-        )
-        last.update((p, k) for p in write.replaces)
+        s, seq, replaced = write.statement, plan.start + write.offset, write.replaced
+        rows.append(LedgerItem(
+            ids[k], conversation_id, s.kind, s.slot, s.value, s.text, seq, message_ids.get(seq, 0), write.role, now,
+            None if replaced is None else plan.start + replaced[0], None if replaced is None else ids[replaced[1]],
+            write.state,
+        ))  # fmt: skip
+        for p in write.replaces:
+            last[p] = k
     grouped: dict[int, list[str]] = {}
     for p, k in sorted(last.items()):
         grouped.setdefault(k, []).append(basis_ids[p])
