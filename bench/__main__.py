@@ -11,10 +11,11 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, kit, load, overhead, standing_eval, store
+from bench import compaction, delete, fidelity, ingest, kit, ledger, load, overhead, standing_eval, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
+    "ledger": ledger.main,
     "store": store.main,
     "delete": delete.main,
     "compaction": compaction.main,
@@ -25,7 +26,7 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "standing-eval": standing_eval.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "kit", "load", "standing-eval", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "standing-eval", "store"}
 
 
 def main() -> None:

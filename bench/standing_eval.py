@@ -11,6 +11,13 @@ ingest runs it: every message read as it arrives (``flow.read``), reconciled aga
 (``ledger.reconcile``); with ``--model``, the items a summariser proposes for the same messages are verified
 and merged as the leaf pass merges them (``proposals.accept``), from a scripted summariser that proposes what an
 eager model would: every planted item and every distractor (verification must turn the distractors away).
+
+``--real`` adds a third way: the proposals come from a real local model, Qwen2.5-Coder-0.5B-Instruct served by
+llama.cpp (the model and server of ``python -m bench fidelity --real``), asked for every chunk exactly as the leaf
+pass asks the summary model: the chunk's messages rendered as the summariser reads them (``render_message``), the
+notes it wrote for the previous chunk, the current items (``standing_so_far``), then the leaf task with the
+standing request (``leaf_prompt(..., standing=True)``); its answer is split and parsed (``proposals.split``,
+``proposals.parse``) and verified like any other (``proposals.accept``).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
+import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,8 +40,9 @@ from proxy.store.records import LedgerItem
 
 FROZEN = Path(__file__).resolve().parent.parent / "tests" / "engine" / "standing_eval" / "frozen"
 
-# A summariser's proposals for a run of messages: (message index, kind, quote, id of the item it changes or lifts).
-Proposer = Callable[[dict[str, Any], Sequence[int]], list[dict[str, Any]]]
+# A summariser's proposals for a run of messages, given the ledger's items so far: dicts of kind, quote, changes
+# (the id or words of the item it changes or lifts) and lifts, as ``proposals.parse`` returns them.
+Proposer = Callable[[dict[str, Any], Sequence[int], Sequence[LedgerItem]], list[dict[str, Any]]]
 
 
 def load(folder: Path = FROZEN) -> list[dict[str, Any]]:
@@ -110,7 +120,7 @@ def run(conversation: dict[str, Any], proposer: Proposer | None = None, chunk: i
         items = _apply(items, seq, role, statements, conversation["id"])
         if proposer is not None and ((seq + 1) % chunk == 0 or seq == len(messages) - 1):
             run_indices = list(range(seq - (seq % chunk), seq + 1))
-            offered = proposer(conversation, run_indices)
+            offered = proposer(conversation, run_indices, items)
             for plan in proposals.accept(offered, {i: messages[i] for i in run_indices}, items):
                 if plan.existing is not None:
                     items = _supersede(items, plan.changes, plan.existing, plan.seq)
@@ -129,8 +139,10 @@ def _apply(
 ) -> list[LedgerItem]:  # fmt: skip
     for n, (statement, superseded) in enumerate(ledger.reconcile(items, statements, role)):
         superseded = [*superseded, *(c for c in changes if c not in superseded)]
+        # An id as the store writes them ("led_" and 16 hex digits: the only form ``proposals.parse`` reads back).
+        key = hashlib.sha256(f"{cid}/{seq}/{n}/{len(items)}".encode()).hexdigest()[:16]
         item = LedgerItem(
-            id=f"led_{seq:05d}{n:03d}{len(items):05d}", conversation_id=cid, kind=statement.kind,
+            id=f"led_{key}", conversation_id=cid, kind=statement.kind,
             slot=statement.slot, value=statement.value, text=statement.text, seq=seq, message_id=seq, role=role,
             created_at=0.0,
         )  # fmt: skip
@@ -207,7 +219,9 @@ def _language_of(conversation: dict[str, Any], item: LedgerItem, planted: list[d
     return str(languages[0])
 
 
-def eager(conversation: dict[str, Any], indices: Sequence[int]) -> list[dict[str, Any]]:
+def eager(
+    conversation: dict[str, Any], indices: Sequence[int], items: Sequence[LedgerItem] = ()
+) -> list[dict[str, Any]]:
     """A scripted summariser that proposes, for the messages ``indices``, every planted item (with the item it
     changes, by the quote the proxy showed it) and every distractor, as an eager model would."""
     chosen = set(indices)
@@ -251,18 +265,210 @@ def table(title: str, totals: dict[str, Tally]) -> str:
     return "\n".join(rows)
 
 
+# --- a real summariser: Qwen2.5-Coder-0.5B-Instruct through llama.cpp (as ``python -m bench fidelity --real``) ---
+
+LEAF_TARGET = 200  # the notes' target, as ``leaf_prompt(target=...)`` asks
+MAX_TOKENS = 300  # room for the notes and the STANDING section after them
+BASE_TIME = 1_700_000_000.0  # the frozen messages carry no times: one a minute from here, for the rendering
+
+
+def leaf_request(
+    conversation: dict[str, Any], indices: Sequence[int], items: Sequence[LedgerItem], previous: str = ""
+) -> tuple[str, str]:
+    """(system, user) of the leaf pass's summary call for the messages ``indices``, built as
+    ``Passes.leaf_pass`` and ``summarize`` build it: the previous notes, the current items, the chunk rendered as
+    the summariser reads it (``render_message``), then the leaf task with the standing request."""
+    from proxy.dialects.chat import CHAT
+    from proxy.engine.neutralise import defang_markers
+    from proxy.engine.render import render_message
+    from proxy.engine.standing.proposals import standing_so_far
+    from proxy.engine.summarize import leaf_prompt
+
+    messages = conversation["messages"]
+    source = "\n\n".join(render_message(messages[i], BASE_TIME + 60 * i, CHAT) for i in indices)
+    context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
+    material = f"{context}{standing_so_far(items)}<conversation>\n{source}\n</conversation>"
+    system, task = leaf_prompt(LEAF_TARGET, False, standing=True)
+    return system, f"{material}\n\n{task}"
+
+
+@dataclass
+class Call:
+    conversation: str
+    indices: tuple[int, int]
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+    finish: str
+    standing: bool  # the answer had a STANDING section
+    offered: list[dict[str, Any]]
+    accepted: list[str]  # the statements verification kept (as the leaf pass would merge them)
+    already: int  # of them, items the deterministic reader already held
+    answer: str
+
+
+class RealProposer:
+    """A ``Proposer`` backed by a chat-completions server (``url``): one leaf-pass call per chunk, temperature 0."""
+
+    def __init__(self, url: str, max_tokens: int = MAX_TOKENS, timeout: float = 1800.0) -> None:
+        import httpx
+
+        self.client = httpx.Client(base_url=url, timeout=timeout)
+        self.max_tokens = max_tokens
+        self.calls: list[Call] = []
+        self._notes: dict[str, str] = {}  # conversation id -> the notes of its previous chunk
+
+    def __call__(
+        self, conversation: dict[str, Any], indices: Sequence[int], items: Sequence[LedgerItem] = ()
+    ) -> list[dict[str, Any]]:
+        from proxy.engine.facts import clean_generation
+        from proxy.engine.injection import remove_instruction_overrides
+        from proxy.engine.render import strip_reasoning
+        from proxy.engine.standing import proposals
+
+        cid = conversation["id"]
+        previous = "" if indices[0] == 0 else self._notes.get(cid, "")
+        system, user = leaf_request(conversation, indices, items, previous)
+        body = {
+            "model": "summarizer", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "max_tokens": self.max_tokens, "temperature": 0,
+        }  # fmt: skip
+        start = time.perf_counter()
+        response = self.client.post("/v1/chat/completions", json=body)
+        seconds = time.perf_counter() - start
+        response.raise_for_status()
+        payload = response.json()
+        choice = (payload.get("choices") or [{}])[0]
+        answer = str((choice.get("message") or {}).get("content") or "")
+        notes, section = proposals.split(strip_reasoning(answer))
+        self._notes[cid] = remove_instruction_overrides(clean_generation(notes))
+        offered = proposals.parse(section) if section else []
+        messages = conversation["messages"]
+        plans = proposals.accept(offered, {i: messages[i] for i in indices}, items)
+        usage = payload.get("usage") or {}
+        self.calls.append(
+            Call(
+                cid, (indices[0], indices[-1]), seconds, int(usage.get("prompt_tokens", 0)),
+                int(usage.get("completion_tokens", 0)), str(choice.get("finish_reason")),
+                proposals.HEADER in answer, offered, [p.statement.text for p in plans],
+                sum(p.existing is not None for p in plans), answer,
+            )
+        )  # fmt: skip
+        return offered
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def report_calls(calls: Sequence[Call], examples: int = 6) -> str:
+    """The summariser's side of the real run: sections written, proposals offered and accepted, timings, examples."""
+    n = len(calls)
+    sections = sum(c.standing for c in calls)
+    empty = sum(c.standing and not c.offered for c in calls)
+    offered = sum(len(c.offered) for c in calls)
+    accepted = sum(len(c.accepted) for c in calls)
+    already = sum(c.already for c in calls)
+    cut = sum(c.finish == "length" for c in calls)
+    seconds = sum(c.seconds for c in calls)
+    lines = [
+        f"chunks: {n}; with a STANDING section: {sections}/{n} ({empty} of them with no readable proposal);"
+        f" answers cut at max_tokens: {cut}",
+        f"proposals offered: {offered}; accepted by verification: {accepted}"
+        f" ({already} of them already held by the deterministic reader)",
+        f"model time: {seconds:.0f} s, {seconds / n if n else 0:.1f} s a chunk; prompt tokens"
+        f" {sum(c.prompt_tokens for c in calls)}, completion tokens {sum(c.completion_tokens for c in calls)}",
+    ]
+    kept = [(c, q) for c in calls for q in c.accepted]
+    refused = [
+        (c, p["quote"]) for c in calls for p in c.offered if not any(_fold(p["quote"]) in _fold(a) for a in c.accepted)
+    ]
+    lines.append("\nAccepted proposals (examples):")
+    lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:110]!r}" for c, q in kept[:examples]]
+    lines.append("Refused proposals (examples):")
+    lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:110]!r}" for c, q in refused[:examples]]
+    return "\n".join(lines)
+
+
 def main(quick: bool = False, argv: Sequence[str] = ()) -> None:
+    from bench import fidelity
+
     parser = argparse.ArgumentParser(prog="python -m bench standing-eval", description=__doc__)
     parser.add_argument("--verbose", action="store_true", help="list stale values shown and distractors taken")
+    parser.add_argument("--real", action="store_true", help="a third way: proposals from a real local model")
+    parser.add_argument(
+        "--model", type=Path, help=f"GGUF file for --real (default: ${fidelity.MODEL_ENV}, else the fetched one)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+        help="llama.cpp threads (default: one core fewer than the machine's; on a busy machine more threads than "
+        "free cores slow llama.cpp down many times over)",
+    )  # fmt: skip
+    parser.add_argument("--window", type=int, default=8192, help="the model's context window (llama n_ctx)")
+    parser.add_argument("--limit", type=int, help="only the first N conversations (every way)")
+    parser.add_argument(
+        "--minutes", type=float,
+        help="with --real: start no further conversation after this many minutes (every way is then scored on "
+        "the conversations the real model finished)",
+    )  # fmt: skip
+    parser.add_argument("--answers", action="store_true", help="with --real: print every answer of the model")
     args = parser.parse_args(list(argv))
     conversations = load()
+    real = args.real or args.model is not None
+    if args.limit:
+        conversations = conversations[: args.limit]
     print(f"frozen set {digest()[:12]}: {len(conversations)} conversations\n")
+    if not real:
+        for title, proposer in (("Deterministic reader alone", None), ("With a summariser that proposes items", eager)):
+            _print_way(title, evaluate(conversations, proposer), args.verbose)
+        return
+    model = args.model or fidelity.default_model_path() or fidelity.fetch_model()
+    if not model.exists():
+        raise SystemExit(f"no model at {model}")
+    start = time.perf_counter()
+    done: list[dict[str, Any]] = []
+    real_totals: dict[str, Tally] = {}
+    with fidelity.llama_server(model, args.window, args.threads) as url:
+        loaded = time.perf_counter() - start
+        real_proposer = RealProposer(url)
+        try:
+            for conversation in conversations:
+                if args.minutes is not None and time.perf_counter() - start > args.minutes * 60:
+                    break
+                began, calls = time.perf_counter(), len(real_proposer.calls)
+                for language, t in score(conversation, run(conversation, real_proposer)).items():
+                    real_totals.setdefault(language, Tally()).add(t)
+                done.append(conversation)
+                print(
+                    f"  {conversation['id']}: {len(real_proposer.calls) - calls} chunks,"
+                    f" {time.perf_counter() - began:.0f} s",
+                    flush=True,
+                )  # fmt: skip
+        finally:
+            real_proposer.close()
+    wall = time.perf_counter() - start
+    print(
+        f"\nscored on {len(done)} of the {len(conversations)} conversations: " + ", ".join(c["id"] for c in done) + "\n"
+    )
     for title, proposer in (("Deterministic reader alone", None), ("With a summariser that proposes items", eager)):
-        totals = evaluate(conversations, proposer)
-        print(table(title, totals) + "\n")
-        if args.verbose:
-            for line in totals["all"].stale_examples:
-                print("  stale shown:", line)
-            for line in totals["all"].distractors_taken:
-                print("  distractor taken:", line)
-            print()
+        _print_way(title, evaluate(done, proposer), args.verbose)
+    title = "With the real 0.5B summariser (Qwen2.5-Coder-0.5B-Instruct, llama.cpp)"
+    _print_way(title, real_totals, args.verbose)
+    print(report_calls(real_proposer.calls))
+    if args.answers:
+        for call in real_proposer.calls:
+            print(f"\n--- {call.conversation} #{call.indices[0]}-{call.indices[1]} ({call.seconds:.1f} s)")
+            print(call.answer)
+    print(
+        f"\nmodel {model.name}, {args.threads} llama.cpp thread(s); model load {loaded:.0f} s;"
+        f" wall time of the real way: {wall:.0f} s"
+    )
+
+
+def _print_way(title: str, totals: dict[str, Tally], verbose: bool) -> None:
+    print(table(title, totals) + "\n")
+    if verbose:
+        for line in totals["all"].stale_examples:
+            print("  stale shown:", line)
+        for line in totals["all"].distractors_taken:
+            print("  distractor taken:", line)
+        print()

@@ -40,6 +40,7 @@ SLOW = (
     "test_fuzz.py",
     "test_faults.py",
     "test_bounded_work.py::test_healthz_answers_within_100ms_while_a_20000_part_request_is_handled",
+    "test_bounded_ledger.py",
     "test_upstream_bounds.py::test_a_6_million_input_embeddings_request_is_refused",
     "test_upstream_bounds.py::test_healthz_answers_within_100ms_while_a_2048_input_embeddings_answer_is_relayed[3072",
     "test_upstream_errors.py::test_upstream_error_table[read_timeout",

@@ -21,6 +21,20 @@ def test_ingest_benchmark_prints_a_table() -> None:
     assert all(float(cell) > 0 for row in rows for cell in row.strip("|").split("|")[1:5])
 
 
+def test_ledger_benchmark_prints_its_tables() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "ledger", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    planning, _, http = out.stdout.partition("## ledger: the hostile request through HTTP")
+    rows = [line.strip("|").split("|") for line in planning.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row[0].strip() for row in rows] == ["10", "30"]
+    assert all(float(row[5]) > 1 for row in rows)  # all pairs cost more than the index (a ratio, not a time)
+    requests = [line.strip("|").split("|") for line in http.splitlines() if line.startswith("| ") and "×" in line]
+    assert [(row[2].strip(), row[3].strip()) for row in requests] == [("off", "200"), ("auto", "200")] * 2
+    assert all(0 < int(row[10]) <= 300 for row in requests if row[2].strip() == "auto")  # open items, within the cap
+
+
 def test_overhead_benchmark_prints_its_tables() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench", "overhead", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600

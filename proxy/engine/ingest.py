@@ -74,6 +74,7 @@ class _NeedsPreparation(Exception):
         self.indices = indices
 
 
+LOOP_TURN = 0.02  # seconds of preparing messages on the event loop before it serves others
 TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a plain re-send refreshes it
 
 
@@ -149,8 +150,12 @@ class Ingestor:
                     intake.add(i, apply_patches(transcript[i], prepared[i][0].forward_patches))
                 return prepared[i]
 
+            turn = time.perf_counter()
             for i in range(first_guess.common, len(transcript)):
                 await prepare(i)
+                if time.perf_counter() - turn > LOOP_TURN:  # thousands of messages: others are served between
+                    await asyncio.sleep(0)
+                    turn = time.perf_counter()
             if _plain_retry(first_guess, incoming):
                 # A retry of what is stored: nothing to write, so no write transaction (the hot path of clients
                 # that re-send the same transcript, and of every multi-round tool loop).

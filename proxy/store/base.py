@@ -130,9 +130,13 @@ class Reads(Protocol):
         message, and no summary and no fork reaches it."""
         ...
 
-    async def ledger(self, conversation_id: str, include_superseded: bool = False) -> list[LedgerItem]:
+    async def ledger(
+        self, conversation_id: str, include_superseded: bool = False, *, newest_superseded: int | None = None
+    ) -> list[LedgerItem]:
         """The conversation's standing instructions, by seq (then id); without ``include_superseded`` only
-        those no later statement replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
+        those no later statement replaced (dropped ones included: callers filter on ``LedgerItem.current``);
+        with it and ``newest_superseded``, of the replaced ones only that many, the newest (a request's read:
+        replaced items pile up as a conversation goes on, the open ones are capped)."""
         ...
 
     async def message_ids(self, conversation_id: str, start: int, end: int) -> dict[int, int]:

@@ -22,6 +22,7 @@ meets the store and the assembled request:
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from proxy.engine.render import strip_reasoning
 from proxy.engine.standing import ledger
 from proxy.engine.standing.index import Index
 from proxy.engine.standing.ledger import Statement
-from proxy.engine.standing.masking import Stale, stale_of
+from proxy.engine.standing.masking import MAX_MASKED, Stale, stale_of
 from proxy.engine.standing.proposals import Plan as Proposal
 from proxy.store.base import Reads, Writes
 from proxy.store.ledger import forked
@@ -43,6 +44,7 @@ from proxy.types import Message
 # The caps keep a request's work and the ledger bounded, and never cost the promise that a replaced value is not
 # shown as current: an update (a statement that supersedes an open item) is always written, whatever the
 # counts, and only statements that would add a *new* item are left out, which is silence, never a stale value.
+# An update takes the place of what it replaces, so the count of open items never grows past the cap.
 # * Per message, the first MAX_NEW_PER_MESSAGE new items: people set standing instructions one or two at a
 #   time (the benchmark scripts plant at most two per message); a message that sets dozens is a pasted
 #   document or a probe, and its first ones are those its writer put first. (The last ones cannot be chosen
@@ -52,6 +54,9 @@ from proxy.types import Message
 #   are what every later statement is compared with. Updates keep the count, so they go on being written.
 MAX_NEW_PER_MESSAGE = 8
 MAX_OPEN_ITEMS = 300
+OFF_LOOP_WRITES = 256  # new items beyond which their rows are built in a worker thread
+WRITE_CHUNK = 1000  # rows per insert (the loop runs between two)
+OFF_LOOP_ITEMS = 64  # items read for a request beyond which ``Standing.of`` runs in a worker thread
 
 Said = list[tuple[str, list[Statement]]]  # per new message: (role, its statements)
 Signature = tuple[int, str, str, str, str, str, str]  # what a plan reads of an open item: all but its ids
@@ -130,14 +135,17 @@ def plan(basis: Sequence[LedgerItem], start: int, new: Said, *, exhaustive: bool
     for offset, (role, statements) in enumerate(new):
         fresh = 0
         for statement, superseded in ledger.reconcile((), statements, role, index=index) if statements else ():
-            if not superseded:
+            # An update replaces an item still open; one whose items an earlier statement of the message
+            # replaced already (two may replace one item without replacing each other) would grow the ledger.
+            if not any(item_id in position for item_id in superseded):
                 if fresh >= MAX_NEW_PER_MESSAGE or len(index) >= MAX_OPEN_ITEMS:
                     left_out += 1
                     continue
                 fresh += 1
             k = len(writes)
-            for item_id in superseded:
-                index.remove(position.pop(item_id))
+            for item_id in superseded:  # (two statements of one message may both replace an item: the later wins)
+                if item_id in position:
+                    index.remove(position.pop(item_id))
                 if item_id not in basis_at:  # an item this request added for an earlier message
                     earlier = int(item_id.removeprefix("new:"))
                     writes[earlier] = replace(writes[earlier], replaced=(offset, k))
@@ -180,7 +188,8 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
     """Write ``plan`` in the transaction that appended its messages at seqs ``start``…: its items, and the
     items each supersedes. Raises ``LedgerMoved`` (the caller rolls back, plans again off the loop and
     retries) when the open items are not the plan's basis. The work: one read of the open items (which the
-    cap bounds), then one insert and an update per superseding item. Returns the items added."""
+    cap bounds), the rows built (in a worker thread when there are many), inserted in chunks, and one update
+    per item that replaces open ones. Returns the items added."""
     if not plan.stated:
         return 0
     items = await tx.ledger(conversation_id)
@@ -191,24 +200,37 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
         return 0
     offsets = [write.offset for write in plan.writes]
     message_ids = await tx.message_ids(conversation_id, start + min(offsets), start + max(offsets) + 1)
+    build = functools.partial(_rows, plan, conversation_id, message_ids, [item.id for item in ordered])
+    rows, supersessions = await asyncio.to_thread(build) if len(plan.writes) > OFF_LOOP_WRITES else build()
+    for chunk in range(0, len(rows), WRITE_CHUNK):
+        await tx.add_ledger_items(rows[chunk : chunk + WRITE_CHUNK])
+    for by, seq, replaced in supersessions:
+        await tx.supersede_ledger_items(replaced, by, seq)
+    return len(rows)
+
+
+def _rows(
+    plan: Plan, conversation_id: str, message_ids: dict[int, int], basis_ids: list[str]
+) -> tuple[list[LedgerItem], list[tuple[str, int, list[str]]]]:
+    """The plan's new items as rows, and (by, seq, ids) of the open items they replace. Of two items of one
+    message that replace the same one, the later is its ``superseded_by`` (as when each was written in turn)."""
     ids = [new_item_id() for _ in plan.writes]
     now = time.time()
-    rows = [
-        replace(
-            _item(ids[k], start, write),
-            conversation_id=conversation_id,
-            message_id=message_ids.get(start + write.offset, 0),
-            created_at=now,
-            superseded_seq=None if write.replaced is None else start + write.replaced[0],
-            superseded_by=None if write.replaced is None else ids[write.replaced[1]],
-        )
-        for k, write in enumerate(plan.writes)
-    ]
-    await tx.add_ledger_items(rows)
+    rows = []
+    last: dict[int, int] = {}  # basis position -> the write that replaces it last
     for k, write in enumerate(plan.writes):
-        if write.replaces:
-            await tx.supersede_ledger_items([ordered[p].id for p in write.replaces], ids[k], start + write.offset)
-    return len(rows)
+        s, seq, replaced = write.statement, plan.start + write.offset, write.replaced
+        rows.append(LedgerItem(
+            ids[k], conversation_id, s.kind, s.slot, s.value, s.text, seq, message_ids.get(seq, 0), write.role, now,
+            None if replaced is None else plan.start + replaced[0], None if replaced is None else ids[replaced[1]],
+            write.state,
+        ))  # fmt: skip
+        for p in write.replaces:
+            last[p] = k
+    grouped: dict[int, list[str]] = {}
+    for p, k in sorted(last.items()):
+        grouped.setdefault(k, []).append(basis_ids[p])
+    return rows, [(ids[k], plan.start + plan.writes[k].offset, grouped[k]) for k in sorted(grouped)]
 
 
 def _item(item_id: str, start: int, write: Write) -> LedgerItem:
@@ -262,7 +284,12 @@ class Standing:
 
     @classmethod
     async def read(cls, q: Reads, conversation_id: str) -> Standing:
-        return cls.of(await q.ledger(conversation_id, include_superseded=True))
+        """The open items and the newest replaced ones (those ``masking.stale_of`` masks): replaced items pile up
+        as a conversation goes on, and this is read on every request."""
+        items = await q.ledger(conversation_id, include_superseded=True, newest_superseded=MAX_MASKED)
+        if len(items) > OFF_LOOP_ITEMS:  # the pattern of many stale items takes a while to compile
+            return await asyncio.to_thread(cls.of, items)
+        return cls.of(items)
 
     @classmethod
     def of(cls, items: list[LedgerItem]) -> Standing:

@@ -10,10 +10,11 @@ that can be looked up:
   (``topics.value_type``; never "text" nor "task"), and then
 
   - for a value that is a polarity ("never", "allowed"): opposite polarities, and the smaller of the two
-    slots' word sets (at least two words) inside the larger one. Each item is filed under each of its slot
-    words and under its *anchor*, the least of its words other than "~"; a statement looks up the items that
-    hold its own anchor, and the items whose anchor is one of its words. Whichever of the two sets is the
-    smaller, its anchor is in both (it has a word besides "~"), so one of the two lookups finds the pair;
+    slots' word sets (at least two words) inside the larger one. Each item is filed under every pair of its
+    slot words and under its *least pair* (its two least words); a statement looks up the items that hold its
+    own least pair, and the items whose least pair is a pair of its words. Whichever of the two sets is the
+    smaller, its least pair is in both, so one of the two lookups finds them (a pair, not a word: the words of
+    orders are common ones, "push", "branch", and a word alone would match most orders with most others);
   - for any other value: a shared plain topic word (``topics._plain`` of ``topics._words``; where both slots
     name a kind of thing, the same ``noun@qualifier``, whose noun is such a word), or, when neither slot has a
     topic word, the same concept.
@@ -32,6 +33,7 @@ all-pairs reconcile the benchmark and the tests compare with.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
@@ -72,13 +74,13 @@ def keys(kind: str, slot: str, value: str) -> tuple[frozenset[Key], frozenset[Ke
     if kind_of_value == "polarity":
         sign = POLARITY[value]
         other = "no" if sign == "yes" else "yes"
-        slot_words = set(slot.split()) - {"~"}
-        if slot_words:
-            anchor = min(slot_words)
-            filed |= {("word", family, sign, w) for w in slot_words}
-            filed.add(("anchor", family, sign, anchor))
-            looked.add(("word", family, other, anchor))
-            looked |= {("anchor", family, other, w) for w in slot_words}
+        pairs = list(itertools.combinations(sorted(set(slot.split())), 2))
+        if pairs:  # (an order of fewer than two words is never lifted by another)
+            least = pairs[0]
+            filed |= {("pair", family, sign, *pair) for pair in pairs}
+            filed.add(("least", family, sign, *least))
+            looked.add(("pair", family, other, *least))
+            looked |= {("least", family, other, *pair) for pair in pairs}
     elif kind_of_value not in ("text", "task"):
         topic = {("topic", family, kind_of_value, w) for w in _plain(words)}
         if not words:

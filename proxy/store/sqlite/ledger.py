@@ -20,9 +20,20 @@ class SQLiteLedgerReads:
         async def _all(self, sql: str, args: Sequence[Any]) -> list[Any]: ...
         async def _one(self, sql: str, args: Sequence[Any]) -> Any: ...
 
-    async def ledger(self, conversation_id: str, include_superseded: bool = False) -> list[LedgerItem]:
+    async def ledger(
+        self, conversation_id: str, include_superseded: bool = False, *, newest_superseded: int | None = None
+    ) -> list[LedgerItem]:
         """The conversation's items by seq; without ``include_superseded`` only those no later statement
-        replaced (dropped ones included: callers filter on ``LedgerItem.current``)."""
+        replaced (dropped ones included: callers filter on ``LedgerItem.current``); with it and
+        ``newest_superseded``, of the replaced ones only that many, the newest."""
+        if include_superseded and newest_superseded is not None:
+            rows = await self._all(
+                f"SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ? AND superseded_seq IS NULL"
+                f" UNION ALL SELECT * FROM (SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ?"
+                f" AND superseded_seq IS NOT NULL ORDER BY seq DESC, id DESC LIMIT ?) AS newest ORDER BY seq, id",
+                (conversation_id, conversation_id, newest_superseded),
+            )
+            return [LedgerItem(*r) for r in rows]
         rows = await self._all(
             f"SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ? AND (? OR superseded_seq IS NULL)"
             " ORDER BY seq, id",
