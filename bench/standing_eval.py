@@ -29,7 +29,7 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -274,8 +274,8 @@ BASE_TIME = 1_700_000_000.0  # the frozen messages carry no times: one a minute 
 
 def leaf_request(
     conversation: dict[str, Any], indices: Sequence[int], items: Sequence[LedgerItem], previous: str = ""
-) -> tuple[str, str]:
-    """(system, user) of the leaf pass's summary call for the messages ``indices``, built as
+) -> tuple[str, str, str]:
+    """(system, user, the rendered chunk) of the leaf pass's summary call for the messages ``indices``, built as
     ``Passes.leaf_pass`` and ``summarize`` build it: the previous notes, the current items, the chunk rendered as
     the summariser reads it (``render_message``), then the leaf task with the standing request."""
     from proxy.dialects.chat import CHAT
@@ -289,7 +289,7 @@ def leaf_request(
     context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
     material = f"{context}{standing_so_far(items)}<conversation>\n{source}\n</conversation>"
     system, task = leaf_prompt(LEAF_TARGET, False, standing=True)
-    return system, f"{material}\n\n{task}"
+    return system, f"{material}\n\n{task}", source
 
 
 @dataclass
@@ -305,15 +305,20 @@ class Call:
     accepted: list[str]  # the statements verification kept (as the leaf pass would merge them)
     already: int  # of them, items the deterministic reader already held
     answer: str
+    notes_usable: bool  # ``summarize`` would take these notes (else it asks again with the aggressive prompt)
+    # the proposals read from the same section once the model's layout is undone (``lenient``: a diagnostic)
+    lenient: list[dict[str, Any]] = field(default_factory=list)
+    lenient_accepted: list[str] = field(default_factory=list)
+    lenient_new: int = 0  # of them, not already held by the deterministic reader
 
 
 class RealProposer:
     """A ``Proposer`` backed by a chat-completions server (``url``): one leaf-pass call per chunk, temperature 0."""
 
-    def __init__(self, url: str, max_tokens: int = MAX_TOKENS, timeout: float = 1800.0) -> None:
+    def __init__(self, url: str, max_tokens: int = MAX_TOKENS, timeout: float = 1800.0, client: Any = None) -> None:
         import httpx
 
-        self.client = httpx.Client(base_url=url, timeout=timeout)
+        self.client: httpx.Client = client or httpx.Client(base_url=url, timeout=timeout)
         self.max_tokens = max_tokens
         self.calls: list[Call] = []
         self._notes: dict[str, str] = {}  # conversation id -> the notes of its previous chunk
@@ -321,14 +326,16 @@ class RealProposer:
     def __call__(
         self, conversation: dict[str, Any], indices: Sequence[int], items: Sequence[LedgerItem] = ()
     ) -> list[dict[str, Any]]:
+        from proxy import tokens
         from proxy.engine.facts import clean_generation
         from proxy.engine.injection import remove_instruction_overrides
         from proxy.engine.render import strip_reasoning
         from proxy.engine.standing import proposals
+        from proxy.engine.summarize import clip_lines, echoes
 
         cid = conversation["id"]
         previous = "" if indices[0] == 0 else self._notes.get(cid, "")
-        system, user = leaf_request(conversation, indices, items, previous)
+        system, user, source = leaf_request(conversation, indices, items, previous)
         body = {
             "model": "summarizer", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "max_tokens": self.max_tokens, "temperature": 0,
@@ -341,23 +348,45 @@ class RealProposer:
         choice = (payload.get("choices") or [{}])[0]
         answer = str((choice.get("message") or {}).get("content") or "")
         notes, section = proposals.split(strip_reasoning(answer))
-        self._notes[cid] = remove_instruction_overrides(clean_generation(notes))
+        # The notes as ``summarize`` checks them: unusable ones (empty, an echo, no smaller than the source) make
+        # it ask again with the aggressive prompt, and this answer's section is never read.
+        content = clip_lines(remove_instruction_overrides(clean_generation(notes)), LEAF_TARGET * 3 // 2 + 16)
+        usable = bool(content) and tokens.count_text(content) < tokens.count_text(source) and not echoes(content)
+        self._notes[cid] = content if usable else ""
         offered = proposals.parse(section) if section else []
         messages = conversation["messages"]
-        plans = proposals.accept(offered, {i: messages[i] for i in indices}, items)
+        chunk = {i: messages[i] for i in indices}
+        plans = proposals.accept(offered, chunk, items)
+        loose = lenient(section)
+        loose_plans = proposals.accept(loose, chunk, items)
         usage = payload.get("usage") or {}
         self.calls.append(
             Call(
                 cid, (indices[0], indices[-1]), seconds, int(usage.get("prompt_tokens", 0)),
                 int(usage.get("completion_tokens", 0)), str(choice.get("finish_reason")),
                 proposals.HEADER in answer, offered, [p.statement.text for p in plans],
-                sum(p.existing is not None for p in plans), answer,
+                sum(p.existing is not None for p in plans), answer, usable, loose,
+                [p.statement.text for p in loose_plans], sum(p.existing is None for p in loose_plans),
             )
         )  # fmt: skip
         return offered
 
     def close(self) -> None:
         self.client.close()
+
+
+_LAYOUT = re.compile(r"^\s*(?:[-*•]|\d+[.)])?\s*(?:STANDING:\s*)?", re.I)
+_OWN_ID = re.compile(r"^\s*led_[0-9a-f]{16}\s*\|\s*")
+
+
+def lenient(section: str) -> list[dict[str, Any]]:
+    """A diagnostic only (never what the table is scored on): the proposals of ``section`` once two layouts a small
+    model writes are undone, a 'STANDING:' header repeated on every line and an item's own id put first (the
+    layout of ``standing_so_far``, copied), so that the report can say what a parser reading them would gain."""
+    from proxy.engine.standing import proposals
+
+    lines = [_OWN_ID.sub("", _LAYOUT.sub("", line, count=1), count=1) for line in section.splitlines()]
+    return proposals.parse("\n".join(lines))
 
 
 def report_calls(calls: Sequence[Call], examples: int = 6) -> str:
@@ -370,23 +399,47 @@ def report_calls(calls: Sequence[Call], examples: int = 6) -> str:
     already = sum(c.already for c in calls)
     cut = sum(c.finish == "length" for c in calls)
     seconds = sum(c.seconds for c in calls)
+    unusable = sum(not c.notes_usable for c in calls)
+    loose = sum(len(c.lenient) for c in calls)
+    loose_accepted = sum(len(c.lenient_accepted) for c in calls)
+    loose_new = sum(c.lenient_new for c in calls)
     lines = [
         f"chunks: {n}; with a STANDING section: {sections}/{n} ({empty} of them with no readable proposal);"
-        f" answers cut at max_tokens: {cut}",
+        f" answers cut at max_tokens: {cut}; notes summarize() would reject (so that in the proxy this"
+        f" answer's section is never read, the aggressive prompt is tried instead): {unusable}/{n}",
         f"proposals offered: {offered}; accepted by verification: {accepted}"
         f" ({already} of them already held by the deterministic reader)",
+        f"diagnostic, not scored: read leniently (a 'STANDING:' on every line, an item's own id first), the same"
+        f" sections offer {loose} proposals; verification would accept {loose_accepted} ({loose_new} not already"
+        " held by the deterministic reader)",
         f"model time: {seconds:.0f} s, {seconds / n if n else 0:.1f} s a chunk; prompt tokens"
         f" {sum(c.prompt_tokens for c in calls)}, completion tokens {sum(c.completion_tokens for c in calls)}",
     ]
-    kept = [(c, q) for c in calls for q in c.accepted]
-    refused = [
-        (c, p["quote"]) for c in calls for p in c.offered if not any(_fold(p["quote"]) in _fold(a) for a in c.accepted)
-    ]
-    lines.append("\nAccepted proposals (examples):")
-    lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:110]!r}" for c, q in kept[:examples]]
-    lines.append("Refused proposals (examples):")
-    lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:110]!r}" for c, q in refused[:examples]]
+    lines.append("")
+    for label, loose in (("", False), ("read leniently, ", True)):
+        taken = {id(c): c.lenient_accepted if loose else c.accepted for c in calls}
+        kept = _unique((c, q) for c in calls for q in taken[id(c)])
+        refused = _unique(
+            (c, f"{p['kind']} | {p['quote']}" + (f" | {p['changes']}" if p["changes"] else ""))
+            for c in calls
+            for p in (c.lenient if loose else c.offered)
+            if not any(_fold(p["quote"]) in _fold(a) for a in taken[id(c)])
+        )
+        lines.append(f"Accepted proposals, {label}{len(kept)} distinct (examples):")
+        lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:120]!r}" for c, q in kept[:examples]]
+        lines.append(f"Refused proposals, {label}{len(refused)} distinct (examples):")
+        lines += [f"  {c.conversation} #{c.indices[0]}-{c.indices[1]}: {q[:120]!r}" for c, q in refused[:examples]]
     return "\n".join(lines)
+
+
+def _unique(pairs: Iterable[tuple[Call, str]]) -> list[tuple[Call, str]]:
+    seen: set[tuple[str, str]] = set()
+    out: list[tuple[Call, str]] = []
+    for call, text in pairs:
+        if (call.conversation, text) not in seen:
+            seen.add((call.conversation, text))
+            out.append((call, text))
+    return out
 
 
 def main(quick: bool = False, argv: Sequence[str] = ()) -> None:

@@ -133,3 +133,35 @@ def test_kit_benchmark_ranks_lcm_proxy_within_the_budget() -> None:
     assert [row[1].strip() for row in windows] == ["1", "2"], "one row per round of the window search"
     assert all(float(row[4]) <= 1.0 for row in windows), "output chars / budget"
     assert "### Why lcm-proxy lost canaries" in out.stdout
+
+
+def test_standing_eval_real_proposer_asks_as_the_leaf_pass_and_verifies_what_it_gets() -> None:
+    """``standing-eval --real`` without a model: a canned chat-completions answer stands for the model's."""
+    import json
+    from typing import Any
+
+    import httpx
+
+    from bench import standing_eval
+    from proxy.engine.summarize import LEAF_PROMPT
+
+    conversation = standing_eval.load()[0]
+    planted = next(p for p in conversation["items"] if p["message"] < 8)
+    seen: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        content = f"- notes\nSTANDING:\n{planted['kind']} | {planted['quote']}\nrule | not said by anyone here at all"
+        return httpx.Response(200, json={"choices": [{"message": {"content": content}, "finish_reason": "stop"}]})
+
+    client = httpx.Client(base_url="http://model", transport=httpx.MockTransport(answer))
+    proposer = standing_eval.RealProposer("http://model", client=client)
+    items = standing_eval.run({**conversation, "messages": conversation["messages"][:8]}, proposer)
+    system, user = (m["content"] for m in seen[0]["messages"])
+    assert system == LEAF_PROMPT and "<conversation>" in user and "STANDING:" in user.split("</conversation>")[1]
+    assert seen[0]["temperature"] == 0
+    call = proposer.calls[0]
+    assert call.standing and len(call.offered) == 2 and len(call.accepted) == 1 and call.notes_usable
+    assert any(standing_eval.matches(i.text, planted["quote"]) for i in items)
+    assert "accepted by verification: 1" in standing_eval.report_calls(proposer.calls)
