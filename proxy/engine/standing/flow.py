@@ -80,7 +80,7 @@ def read_statements(message: Message, dialect: Dialect = CHAT) -> tuple[str, lis
 
 async def said_all(dialect: Dialect, messages: Sequence[Message]) -> Said:
     """(role, statements) of each of a request's new ``messages``, all read in one worker thread call:
-    extraction costs about a millisecond a sentence, and one request may bring thousands of messages."""
+    extraction costs about half a millisecond a sentence, and one request may bring thousands of messages."""
     if not messages:
         return []
     return await asyncio.to_thread(lambda: [read_statements(message, dialect) for message in messages])
