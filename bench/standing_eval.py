@@ -38,7 +38,9 @@ from proxy.engine.standing import ledger
 from proxy.engine.standing.flow import read_statements
 from proxy.store.records import LedgerItem
 
-FROZEN = Path(__file__).resolve().parent.parent / "tests" / "engine" / "standing_eval" / "frozen"
+SETS = Path(__file__).resolve().parent.parent / "tests" / "engine" / "standing_eval"
+FROZEN = SETS / "frozen"  # the evaluation set: never edited, never read while changing the reader
+DEV = SETS / "dev"  # the development set: written the same way by other helpers, the one to read misses on
 
 # A summariser's proposals for a run of messages, given the ledger's items so far: dicts of kind, quote, changes
 # (the id or words of the item it changes or lifts) and lifts, as ``proposals.parse`` returns them.
@@ -90,6 +92,7 @@ class Tally:
     stale_shown: int = 0  # a replaced or revoked value current at the end, its successor not after it
     stale_examples: list[str] = field(default_factory=list)
     distractors_taken: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         for name in ("planted", "found", "kept", "true", "changes", "changes_seen", "current", "current_held"):
@@ -97,6 +100,7 @@ class Tally:
         self.stale_shown += other.stale_shown
         self.stale_examples += other.stale_examples
         self.distractors_taken += other.distractors_taken
+        self.missed += other.missed
 
     @property
     def recall(self) -> float:
@@ -187,6 +191,8 @@ def score(conversation: dict[str, Any], items: Sequence[LedgerItem]) -> dict[str
         t.planted += 1
         item = found.get(p["id"])
         t.found += item is not None
+        if item is None:
+            t.missed.append(f"{conversation['id']}#{p['message']} ({p['kind']}): {p['quote'][:110]}")
         old_id = p.get("replaces") or p.get("revokes")
         if old_id:
             t.changes += 1
@@ -447,6 +453,11 @@ def main(quick: bool = False, argv: Sequence[str] = ()) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench standing-eval", description=__doc__)
     parser.add_argument("--verbose", action="store_true", help="list stale values shown and distractors taken")
+    parser.add_argument(
+        "--set", choices=("frozen", "dev"), default="frozen",
+        help="frozen: the evaluation set (the score to report); dev: the development set, where --verbose also"
+        " lists every planted item missed",
+    )  # fmt: skip
     parser.add_argument("--real", action="store_true", help="a third way: proposals from a real local model")
     parser.add_argument(
         "--model", type=Path, help=f"GGUF file for --real (default: ${fidelity.MODEL_ENV}, else the fetched one)"
@@ -465,14 +476,15 @@ def main(quick: bool = False, argv: Sequence[str] = ()) -> None:
     )  # fmt: skip
     parser.add_argument("--answers", action="store_true", help="with --real: print every answer of the model")
     args = parser.parse_args(list(argv))
-    conversations = load()
+    folder = DEV if args.set == "dev" else FROZEN
+    conversations = load(folder)
     real = args.real or args.model is not None
     if args.limit:
         conversations = conversations[: args.limit]
-    print(f"frozen set {digest()[:12]}: {len(conversations)} conversations\n")
+    print(f"{args.set} set {digest(folder)[:12]}: {len(conversations)} conversations\n")
     if not real:
         for title, proposer in (("Deterministic reader alone", None), ("With a summariser that proposes items", eager)):
-            _print_way(title, evaluate(conversations, proposer), args.verbose)
+            _print_way(title, evaluate(conversations, proposer), args.verbose, missed=args.set == "dev")
         return
     model = args.model or fidelity.default_model_path() or fidelity.fetch_model()
     if not model.exists():
@@ -517,8 +529,11 @@ def main(quick: bool = False, argv: Sequence[str] = ()) -> None:
     )
 
 
-def _print_way(title: str, totals: dict[str, Tally], verbose: bool) -> None:
+def _print_way(title: str, totals: dict[str, Tally], verbose: bool, missed: bool = False) -> None:
     print(table(title, totals) + "\n")
+    if verbose and missed:
+        for line in totals["all"].missed:
+            print("  missed:", line)
     if verbose:
         for line in totals["all"].stale_examples:
             print("  stale shown:", line)
