@@ -30,7 +30,9 @@ _LIFT = (
     re.compile(
         r"^(?:the\s+|that\s+|my\s+|our\s+)?" + _WHAT + r"\s+(?:rule|thing|requirement|restriction|constraint|limit|ban"
         r"|policy)?\s*(?:no longer applies|doesn't apply any ?more|does not apply any ?more|is no longer (?:a rule"
-        r"|required|needed|necessary|in force|a thing|a requirement|mandatory)|is off the table|is lifted"
+        r"|required|needed|necessary|in force|a thing|a requirement|mandatory|frozen|off[- ]limits|banned|forbidden"
+        r"|prohibited|restricted|locked|blocked|an issue|a problem|a concern|relevant|applicable|in place)"
+        r"|is off the table|is lifted"
         r"|(?:is|has been) (?:cancell?ed|dropped|scrapped|lifted|removed|revoked)|is gone|is history)\b",
         re.I,
     ),
@@ -41,6 +43,25 @@ _LIFT = (
         re.I,
     ),
     re.compile(r"^(?:ok(?:ay)?,?\s+)?never mind (?:about\s+|the\s+)?" + _WHAT + r"\s*(?:[.;!]|$)", re.I),
+    # "forget the exclamation mark rule", "scratch the one-emoji limit on insta", "no more the rule for spicy"
+    re.compile(
+        r"\b(?:forget|ignore|disregard|scrap|scratch|drop|cancel|lift|remove|undo|revoke|retract|withdraw|ditch"
+        r"|no more)\s+(?:the|that|my|our|this)\s+" + _WHAT + r"\s+(?:rule|thing|bit|limit|cap|ceiling|requirement"
+        r"|restriction|constraint|ban|policy|business|preference|instruction)s?\b",
+        re.I,
+    ),
+    re.compile(
+        r"\bno more\s+(?:the\s+)?(?:rule|limit|ban|restriction)s?\s+(?:for|on|about|against)\s+"
+        + _WHAT
+        + r"\s*(?:[.;!?,]|$)",
+        re.I,
+    ),
+    # "scratch facebook sundays, …", "forget the blue theme": the thing itself, when it is not "it" or "that"
+    re.compile(
+        r"^(?:(?:ok(?:ay)?|so|and|oh|also|actually)[\s,]+)*(?:forget|scratch|scrap|disregard|ignore)\s+"
+        r"(?!(?:it|that|this|them|those|everything|all|about|what)\b)" + _WHAT + r"\s*(?:[.;!?,]|$)",
+        re.I,
+    ),
 )
 _CHANGE = re.compile(
     r"\b(?:instead(?! of)|any ?more|any longer|no longer|from now on|going forward|correction|scratch that"
@@ -49,7 +70,12 @@ _CHANGE = re.compile(
     r"|^\W*(?:(?:ok(?:ay)?|so|oh|wait|hmm)[,\s]+)?actually|update:|updated|revised|bump(?:ed)? (?:it )?to"
     r"|rais(?:e|ed) (?:it )?to|lower(?:ed)? (?:it )?to|increas(?:e|ed) (?:it )?to|reduc(?:e|ed) (?:it )?to"
     r"|cut (?:it )?to|push(?:ed)? (?:it )?(?:back )?to|postpon(?:e|ed) (?:it )?to|is now|are now"
-    r"|now (?:is|are|it's|at|on|in)|not \w+ but|rather than|replac(?:e|ed|es) (?:it |that )?(?:with|by))\b",
+    r"|now (?:is|are|it's|at|on|in)|not \w+ but|rather than|replac(?:e|ed|es) (?:it |that )?(?:with|by)"
+    r"|(?<!come )(?<!get )(?<!go )back to (?=\d|the (?:old|original|previous)|[\w-]+ \d)"
+    r"|(?:got|was|has been|been) (?:bumped|raised|lowered|cut|moved|changed|increased|reduced|pushed)"
+    r"|can (?:now )?go (?:up )?to"
+    r"|^(?:\w+\s+){0,2}(?:make|set|bump|raise|lower) (?:the )?[\w-]+(?: [\w-]+)? (?:to )?\d)\b"
+    r"|\bnow\s*[.!]*$",
     re.I,
 )
 

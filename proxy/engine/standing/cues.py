@@ -142,7 +142,7 @@ def limit(text: str) -> Found | None:
 _HABIT = re.compile(  # "for every request that failed" is one set of things, "before every commit" a habit
     r"(?<!for )\b(?:every|each)\b(?!(?:\s+[\w-]+){1,2}\s+(?:that|which|you|we|i|they)\b)"
     r"|\b(?:always|whenever|at all times|from now on|going forward|in (?:the )?future|anymore)\b"
-    r"|\b(?:in|on|for|to) (?:anything|everything)\b",
+    r"|\b(?:in|on|for|to) (?:anything|everything)\b|\b(?:before|when|after|to|on|in|from)\s+(?:\w+ing\s+)?any\b",
     re.I,
 )
 _CONTRAST = re.compile(r",\s*not\s+\w|\brather than\b|\binstead of\b", re.I)

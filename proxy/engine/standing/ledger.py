@@ -33,7 +33,8 @@ from proxy.engine.standing.index import Index
 from proxy.engine.standing.lexicon import GENERIC, content_words
 from proxy.engine.standing.slots import classify
 from proxy.engine.standing.speech import negated, not_own, own_prose
-from proxy.engine.standing.topics import same_topic, value_type
+from proxy.engine.standing.terse import one_off
+from proxy.engine.standing.topics import POLARITY, same_topic, value_type
 from proxy.redaction import KNOWN_MARKER, MARKER, redact_secrets
 from proxy.store.records import LEDGER_KINDS, LedgerItem
 
@@ -104,7 +105,8 @@ def extract(text: str, role: str) -> list[Statement]:
 # squash merges; no force-push". Plain commas stay: "When you commit, always sign the commit" is one order.
 _CLAUSE_BREAK = re.compile(
     r"\s*(?:;|\s[-–—]\s|,\s*(?:and|but|also|plus)\s+"
-    r"|\s+and\s+(?:also\s+)?(?=(?:never|always|don't|do not|please|keep|make sure|use|no)\b))\s*",
+    r"|\s+and\s+(?:also\s+)?(?=(?:never|always|don't|do not|please|keep|make sure|use|no|every|each|all|any"
+    r"|nothing|none)\b))\s*",
     re.I,
 )
 _LABEL = re.compile(
@@ -121,8 +123,8 @@ def _clauses(sentence: str) -> list[str]:
 
 def _read(sentence: str, role: str, kinds: Collection[str]) -> Statement | None:
     """What one sentence (or clause) states, if anything: a lift, an instruction, or a change."""
-    if is_instruction_override(sentence) or not_own(sentence):
-        return None  # an override, someone else's rule, a hypothetical, a hedge, a log or code line
+    if is_instruction_override(sentence) or not_own(sentence) or one_off(sentence):
+        return None  # an override, someone else's rule, a hypothetical, a hedge, a log or code line, a one-off
     if role == "assistant" and _ASSISTANT_ACTION.search(sentence):
         return None  # "Let's use ripgrep to find the call sites": a step of the work, not a decision
     if role in LIFTERS and (topic := lifted(sentence)) and (words := content_words(topic)):
@@ -143,7 +145,18 @@ def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
     (``proxy.engine.standing.topics``) the same topic with a value of the same type."""
     if FAMILY.get(new.kind) == FAMILY.get(old.kind) and _key(new.slot) == _key(old.slot):
         return True
-    return same_topic((new.kind, new.slot, new.value), (old.kind, old.slot, old.value))
+    return same_topic((new.kind, new.slot, new.value), (old.kind, old.slot, old.value)) or _refigured(new, old)
+
+
+def _refigured(new: Statement, old: Statement | LedgerItem) -> bool:
+    """The same order said again with another figure of the same type ("tues/thurs/sat at 5 from now on" after
+    "insta is tues, thurs and sat, always 6pm"): every word of the shorter order's slot is in the longer's."""
+    if new.value not in POLARITY or new.value != old.value or FAMILY.get(new.kind) != FAMILY.get(old.kind):
+        return False
+    small, large = sorted((set(new.slot.split()), set(old.slot.split())), key=len)
+    first, second = typed_value(new.text) or "", typed_value(old.text) or ""
+    same_type = value_type(first, "") == value_type(second, "")
+    return len(small) >= 2 and small <= large and bool(first and second) and same_type and _norm(first) != _norm(second)
 
 
 def _key(slot: str) -> str:
@@ -152,8 +165,14 @@ def _key(slot: str) -> str:
 
 def _repeats(new: Statement, old: Statement | LedgerItem) -> bool:
     """The same thing said again, the same way round: "Please answer in French" does not repeat "Don't answer
-    in French", it reverses it."""
-    return supersedes(new, old) and _norm(new.value) == _norm(old.value) and negated(new.text) == negated(old.text)
+    in French", it reverses it; and an order with another figure in it ("at 5 from now on" after "always 6pm")
+    changes it."""
+    return (
+        supersedes(new, old)
+        and _norm(new.value) == _norm(old.value)
+        and negated(new.text) == negated(old.text)
+        and (new.value not in POLARITY or _norm(typed_value(new.text) or "") == _norm(typed_value(old.text) or ""))
+    )
 
 
 def _norm(value: str) -> str:
@@ -204,10 +223,17 @@ def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement
     A revocation lifts them all. A change is shown after the latest of them, in its kind and slot (so a later
     update replaces both); it replaces that item only on evidence: a new value of the same type."""
     words = topic_words(statement.slot)
-    scored = [(len(words & (topic_words(item.slot) | topic_words(content_words(item.text)))), item) for item in live]
+    # A change that carries a value ("now is 1800 kcal a day, not 2000") is about an item with a value of that
+    # type first: shared words count, and the same type of value counts for two of them.
+    kind = value_type(statement.value, "") if statement.kind == "follow" and statement.value else ""
+    typed = {item.id for item in live if kind and kind != "text" and _item_type(item) == kind}
+    scored = [
+        (len(words & (topic_words(item.slot) | topic_words(content_words(item.text)))) + 2 * (item.id in typed), item)
+        for item in live
+    ]
     best = max((n for n, _ in scored), default=0)
-    if best == 0:
-        return None
+    if best == 0 or (typed and best == 2 and len(typed) > 1):
+        return None  # about nothing in force, or only a type that several items share
     related = [item for n, item in scored if n == best]
     if statement.kind == "lift":
         return replace(statement, kind=related[-1].kind, slot=related[-1].slot), [item.id for item in related]
@@ -218,6 +244,14 @@ def _change(statement: Statement, live: Sequence[LedgerItem]) -> tuple[Statement
     if same_type and _norm(statement.value) == _norm(item.value):
         return None  # said again
     return update, [item.id] if same_type and value_type(item.value, concept) != "text" else []
+
+
+def _item_type(item: LedgerItem) -> str:
+    concept = item.slot.partition(" ")[0]
+    found = value_type(item.value, concept)
+    if found in ("text", "polarity") and (typed := typed_value(item.text)):
+        return value_type(typed, concept)
+    return found
 
 
 def topic_words(slot: str) -> set[str]:

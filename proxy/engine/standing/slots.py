@@ -38,6 +38,8 @@ from proxy.engine.standing.lexicon import (
     stem,
     with_topic,
 )
+from proxy.engine.standing.terse import terse
+from proxy.engine.standing.values import digits
 from proxy.store.records import LEDGER_KINDS
 
 # What may come before the sentence proper: fillers ("ok, so"), and labels that announce it ("quick update:").
@@ -106,7 +108,8 @@ _TASK = re.compile(
 _LIMIT_CONTEXT = re.compile(
     r"\b(?:must|should|need to|needs to|has to|have to|keep|stay|stays|remain|cap|capped|limit|limited|at most"
     r"|no more than|not exceed|never exceed|sla|slo|required|requirement|target|allowed|p\d\d|latency|uptime"
-    r"|error rate|the (?:minimum|maximum))\b|^(?:max|maximum|min|minimum|at most|at least|no more than|up to)\b",
+    r"|error rate|the (?:minimum|maximum)|never (?:more|less|over|under|above|below|exceed))\b"
+    r"|^(?:max|maximum|min|minimum|at most|at least|no more than|up to)\b",
     re.I,
 )
 _PREFER = re.compile(
@@ -211,7 +214,7 @@ def classify(sentence: str, kinds: Collection[str] = LEDGER_KINDS) -> Found | No
     said it decides what it may set); None for most sentences (questions, thanks, discussion, numbers in
     passing), and for those whose slot came out empty. A sentence after a lead-in ("Legal was very clear
     with us: customer data must stay …") is read again without it."""
-    sentence = _EMPHASIS.sub("", sentence)  # "**Never** commit secrets"
+    sentence = digits(_EMPHASIS.sub("", sentence))  # "**Never** commit secrets", "five hundred" as "500"
     lead = _LEAD.match(sentence)
     body = sentence[lead.end() if lead else 0 :].strip()
     if len(body) < 6 or body.endswith("?") or _QUESTION.match(body):
@@ -229,7 +232,7 @@ def _detect(body: str, kinds: Collection[str]) -> Found | None:
     def label(text: str) -> Found | None:
         return labelled(text, lambda rest: _detect(rest, kinds))
 
-    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, *BROAD):
+    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, terse, *BROAD):
         found = detect(body)
         if found and found[0] in kinds:
             return found if found[1].strip() and found[2].strip() else None

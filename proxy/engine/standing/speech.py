@@ -66,11 +66,33 @@ _SAID_INLINE = re.compile(
 )
 
 
+# A passage between two rules ("---" lines, as a pasted email or page is often framed), a long quotation in
+# double quotes (a review, a letter: six words or more), a bot's post (":rotating_light: [PagerBot] …"), and
+# what follows a line that ends with a colon and a blank line, when that line names material ("the caterer
+# sent this:", "runbook section so you know the drill:"): someone else's words, up to the next blank line.
+_RULED = re.compile(r"^[ \t]{0,3}(-{3,}|_{3,}|\*{3,}|={3,})[ \t]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.S | re.M)
+_LONG_QUOTE = re.compile(r'"(?=(?:[^"\n]*?\s){5})[^"\n]{12,2000}(?:"|$)', re.M)
+_BOT_POST = re.compile(
+    r"^[ \t]*(?::[\w+-]{1,30}:\s*)*\[[\w .-]{0,30}(?:bot|Bot|BOT|alert|Alert)\][^\n]*(?:\n(?![ \t]*\n)[^\n]*){0,60}",
+    re.M,
+)
+_MATERIAL = (
+    r"this|these|here|below|following|sent|send|says|said|wrote|writes|from|letter|e-?mail|mail|message|review"
+    r"|runbook|post|posted|thread|doc|document|page|notice|reply|policy|ticket|log|output|excerpt|clause|draft|bot"
+    r"|section|snippet|text|note|memo|comment|feedback|fwd|forwarded|copy|paste|pasted"
+)
+_ANNOUNCED_BLOCK = re.compile(
+    rf"^[^\n]{{0,160}}?\b(?:{_MATERIAL})\b[^\n]{{0,80}}:[ \t]*\n(?:[ \t]*\n)+.*?(?=\n[ \t]*\n|\Z)",
+    re.S | re.M | re.I,
+)
+
+
 def own_prose(text: str) -> str:
     """``text`` with everything that is material rather than the speaker's own words blanked out (each part
     replaced by a line break, so sentences on either side stay apart)."""
     prose = normalise(text)
-    for pattern in (_FENCE, _INLINE_FENCE, _TAGGED, _STUB, _ANNOUNCE, _SAID_INLINE, _QUOTED, _INDENTED):
+    for pattern in (_FENCE, _INLINE_FENCE, _TAGGED, _STUB, _RULED, _BOT_POST, _ANNOUNCED_BLOCK, _ANNOUNCE,
+                    _SAID_INLINE, _QUOTED, _INDENTED, _LONG_QUOTE):  # fmt: skip
         prose = pattern.sub("\n", prose)
     return prose
 
