@@ -71,18 +71,20 @@ _SAID_INLINE = re.compile(
 # what follows a line that ends with a colon and a blank line, when that line names material ("the caterer
 # sent this:", "runbook section so you know the drill:"): someone else's words, up to the next blank line.
 _RULED = re.compile(r"^[ \t]{0,3}(-{3,}|_{3,}|\*{3,}|={3,})[ \t]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.S | re.M)
-_LONG_QUOTE = re.compile(r'"(?=(?:[^"\n]*?\s){5})[^"\n]{12,2000}(?:"|$)', re.M)
+_QUOTE_PAIR = re.compile(r'"[^"\n]{0,2000}"')  # left to right: each match is one opening and its closing quote
 _BOT_POST = re.compile(
     r"^[ \t]*(?::[\w+-]{1,30}:\s*)*\[[\w .-]{0,30}(?:bot|Bot|BOT|alert|Alert)\][^\n]*(?:\n(?![ \t]*\n)[^\n]*){0,60}",
     re.M,
 )
 _MATERIAL = (
-    r"this|these|here|below|following|sent|send|says|said|wrote|writes|from|letter|e-?mail|mail|message|review"
-    r"|runbook|post|posted|thread|doc|document|page|notice|reply|policy|ticket|log|output|excerpt|clause|draft|bot"
-    r"|section|snippet|text|note|memo|comment|feedback|fwd|forwarded|copy|paste|pasted"
+    r"sent|send|says|said|wrote|writes|letter|e-?mail|mail|message|review|runbook|post|posted|thread|doc|document"
+    r"|page|notice|reply|policy|ticket|log|output|excerpt|clause|bot|snippet|memo|comment|feedback|fwd|forwarded"
+    r"|copied|pasted|pasting"
 )
+# "please note the following house rules:", "my rules for this chat:": the speaker's own list, announced.
+_OWN_LIST = r"(?![^\n]{0,160}\b(?:my|our|house|ground|team)\s+(?:[\w-]+\s+)?(?:rules|conventions|guidelines|preferences))"
 _ANNOUNCED_BLOCK = re.compile(
-    rf"^[^\n]{{0,160}}?\b(?:{_MATERIAL})\b[^\n]{{0,80}}:[ \t]*\n(?:[ \t]*\n)+.*?(?=\n[ \t]*\n|\Z)",
+    rf"^{_OWN_LIST}[^\n]{{0,160}}?\b(?:{_MATERIAL})\b[^\n]{{0,80}}:[ \t]*\n(?:[ \t]*\n)+.*?(?=\n[ \t]*\n|\Z)",
     re.S | re.M | re.I,
 )
 
@@ -92,9 +94,14 @@ def own_prose(text: str) -> str:
     replaced by a line break, so sentences on either side stay apart)."""
     prose = normalise(text)
     for pattern in (_FENCE, _INLINE_FENCE, _TAGGED, _STUB, _RULED, _BOT_POST, _ANNOUNCED_BLOCK, _ANNOUNCE,
-                    _SAID_INLINE, _QUOTED, _INDENTED, _LONG_QUOTE):  # fmt: skip
+                    _SAID_INLINE, _QUOTED, _INDENTED):  # fmt: skip
         prose = pattern.sub("\n", prose)
-    return prose
+    return _QUOTE_PAIR.sub(_quotation, prose)
+
+
+def _quotation(pair: re.Match[str]) -> str:
+    """A quotation of six words or more is someone else's sentence; a quoted term ("Notice") stays."""
+    return "\n" if len(pair.group(0).split()) >= 6 else pair.group(0)
 
 
 # --- sentences that are not the speaker's own standing word -----------------------------------------------------
