@@ -71,20 +71,33 @@ _SAID_INLINE = re.compile(
 # what follows a line that ends with a colon and a blank line, when that line names material ("the caterer
 # sent this:", "runbook section so you know the drill:"): someone else's words, up to the next blank line.
 _RULED = re.compile(r"^[ \t]{0,3}(-{3,}|_{3,}|\*{3,}|={3,})[ \t]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.S | re.M)
+# A mail or memo pasted with its headers ("From: …", "Subject: …"), up to its sign-off or the next blank line; a
+# whole line or paragraph in single quotes ('Dear neighbours, …').
+_SIGN_OFF = r"(?i:regards|best|thanks|thank you|cheers|sincerely|kind regards|best wishes|warm regards|yours)\b"
+_MAIL = re.compile(
+    r"^[ \t]*(?:from|to|subject|re|cc|sent|date):[^\n]*\n(?:[^\n]*\n){0,80}?"
+    rf"(?:[ \t]*{_SIGN_OFF}[^\n]{{0,60}}(?:\n[^\n]{{0,40}}(?=\n|\Z))?|[^\n]*(?=\n[ \t]*\n|\Z))",
+    re.M | re.I,
+)
+_SINGLE_QUOTED = re.compile(r"^[ \t]*'[^\n]{20,3000}'[ \t]*$", re.M)
 _QUOTE_PAIR = re.compile(r'"[^"\n]{0,2000}"')  # left to right: each match is one opening and its closing quote
 _BOT_POST = re.compile(
     r"^[ \t]*(?::[\w+-]{1,30}:\s*)*\[[\w .-]{0,30}(?:bot|Bot|BOT|alert|Alert)\][^\n]*(?:\n(?![ \t]*\n)[^\n]*){0,60}",
     re.M,
 )
 _MATERIAL = (
-    r"sent|send|says|said|wrote|writes|letter|e-?mail|mail|message|review|runbook|post|posted|thread|doc|document"
-    r"|page|notice|reply|policy|ticket|log|output|excerpt|clause|bot|snippet|memo|comment|feedback|fwd|forwarded"
-    r"|copied|pasted|pasting"
+    r"this|these|here|below|following|from|sent|send|says|said|wrote|writes|letter|letterbox|e-?mail|mail|message"
+    r"|review|runbook|handbook|post|posted|thread|slack|doc|document|page|notice|reply|policy|ticket|log|output"
+    r"|excerpt|clause|bot|snippet|memo|comment|feedback|fwd|forwarded|copied|pasted|pasting"
 )
 # "please note the following house rules:", "my rules for this chat:": the speaker's own list, announced.
-_OWN_LIST = r"(?![^\n]{0,160}\b(?:my|our|house|ground|team)\s+(?:[\w-]+\s+)?(?:rules|conventions|guidelines|preferences))"
+_OWN_LIST = (
+    r"(?![^\n]{0,160}\b(?:(?:my|our)\s+(?:[\w-]+\s+)?(?:rules|conventions|guidelines|preferences)"
+    r"|(?:please\s+)?(?:note|remember|follow|keep to)\s+(?:the following|these)))"
+)
 _ANNOUNCED_BLOCK = re.compile(
-    rf"^{_OWN_LIST}[^\n]{{0,160}}?\b(?:{_MATERIAL})\b[^\n]{{0,80}}:[ \t]*\n(?:[ \t]*\n)+.*?(?=\n[ \t]*\n|\Z)",
+    rf"^{_OWN_LIST}[^\n]{{0,160}}?\b(?:{_MATERIAL})\b[^\n]{{0,80}}:[ \t]*\n(?:[ \t]*\n)+"
+    rf"(?:[^\n]*\n(?:[^\n]*\n){{0,60}}?[ \t]*{_SIGN_OFF}[^\n]{{0,60}}(?:\n[^\n]{{0,40}}(?=\n|\Z))?|.*?(?=\n[ \t]*\n|\Z))",
     re.S | re.M | re.I,
 )
 
@@ -94,7 +107,7 @@ def own_prose(text: str) -> str:
     replaced by a line break, so sentences on either side stay apart)."""
     prose = normalise(text)
     for pattern in (_FENCE, _INLINE_FENCE, _TAGGED, _STUB, _RULED, _BOT_POST, _ANNOUNCED_BLOCK, _ANNOUNCE,
-                    _SAID_INLINE, _QUOTED, _INDENTED):  # fmt: skip
+                    _SAID_INLINE, _MAIL, _SINGLE_QUOTED, _QUOTED, _INDENTED):  # fmt: skip
         prose = pattern.sub("\n", prose)
     return _QUOTE_PAIR.sub(_quotation, prose)
 
@@ -115,7 +128,10 @@ _REPORTED = re.compile(
     r"|husband|uncle|aunt|neighbour|neighbor|bot|ops bot|vendor|ticket|reviewer|commenter|caller|guest)"
     r"[\w'-]*(?:\s+[\w'-]+){0,2}\s+(?:says?|said|writes?|wrote|posted|told|asked|insists?)\b"
     r"|\baccording to (?:my|our|the|his|her|their)\b"
-    r"|^[\"'][^\"']{3,300}[\"']\s*[-—–]",
+    r"|^[\"'][^\"']{3,300}[\"']\s*[-—–]"
+    r"|^(?!i\b)(?:[\w'-]+\s+){0,4}?(?:says?|said|thinks?|reckons?|insists?|swears?|claims?|believes?)\s+(?:that\s+)?"
+    r"(?:we|you|they|everyone|it|the|a|an|all|every|[\w-]+s)\s+(?:should|must|need|have|has|ought|always|never|can't"
+    r"|cannot|don't|do not)\b",
     re.I,
 )
 _HYPOTHETICAL = re.compile(

@@ -109,7 +109,8 @@ _HABIT = re.compile(r"\b(?:always|never|ever|every|each|whenever|from now on|goi
                     r"|at all times|in future|by default)\b", re.I)  # fmt: skip
 _ONE_OFF = re.compile(
     r"\b(?:just this once|for this run|this time|just for this|for this one|just curious|thinking out loud"
-    r"|that's all for today|for today only|this once|just to see|i just want to see)\b",
+    r"|that's all for today|for today only|this once|just to see|i just want to see|one-off"
+    r"|(?:in|for) this (?:pr|commit|run|ticket|branch|draft|version|email|reply|one|issue|chapter))\b",
     re.I,
 )
 
