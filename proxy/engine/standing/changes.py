@@ -36,6 +36,16 @@ _LIFT = (
         r"|(?:is|has been) (?:cancell?ed|dropped|scrapped|lifted|removed|revoked)|is gone|is history)\b",
         re.I,
     ),
+    # "'circling back' is fine again", "the balance endpoint isn't frozen anymore", "tables are not necessary
+    # anymore", "the range doesn't have to be in the opening paragraph any more", "X can be lifted"
+    re.compile(
+        r"^(?:(?:ok(?:ay)?|so|and|also|oh|actually)[\s,]+)*(?:the\s+|that\s+|our\s+|my\s+)?" + _WHAT
+        + r"\s+(?:(?:is|are|'s)\s+(?:fine|ok|okay|allowed|acceptable|welcome|back)\s+(?:again|now)"
+        r"|(?:isn't|is not|aren't|are not)\s+(?:\w+\s+)?(?:any ?more|any longer)"
+        r"|(?:doesn't|does not|don't|do not)\s+(?:have|need) to\s+[^.;!?]{0,60}?\s+any ?(?:more|longer)"
+        r"|can be (?:lifted|dropped|removed|ignored))\b",
+        re.I,
+    ),
     re.compile(
         r"\b(?:no need to|you (?:don't|do not) (?:have|need) to|stop)\s+"
         + _WHAT
@@ -73,7 +83,8 @@ _CHANGE = re.compile(
     r"|now (?:is|are|it's|at|on|in)|not \w+ but|rather than|replac(?:e|ed|es) (?:it |that )?(?:with|by)"
     r"|(?<!come )(?<!get )(?<!go )back to (?=\d|the (?:old|original|previous)|[\w-]+ \d)"
     r"|(?:got|was|has been|been) (?:bumped|raised|lowered|cut|moved|changed|increased|reduced|pushed)"
-    r"|can (?:now )?go (?:up )?to"
+    r"|can (?:now )?go (?:up )?to|\bmake (?:it|that|this|them) (?:\w+ )?\d|(?:raise|lower|increase|reduce|cut|bump)"
+    r" (?:it |that |this |the [\w-]+ )?by \d"
     r"|^(?:\w+\s+){0,2}(?:make|set|bump|raise|lower) (?:the )?[\w-]+(?: [\w-]+)? (?:to )?\d)\b"
     r"|\bnow\s*[.!]*$",
     re.I,
