@@ -104,7 +104,7 @@ def extract(text: str, role: str) -> list[Statement]:
 # Where one sentence holds several instructions: "no emojis, ever, and keep replies under 150 words", "rules:
 # squash merges; no force-push". Plain commas stay: "When you commit, always sign the commit" is one order.
 _CLAUSE_BREAK = re.compile(
-    r"\s*(?:;|\s[-–—]\s|,\s*(?:and|but|also|plus)\s+"
+    r"\s*(?:;|\s[-–—]\s|,\s*(?:and|but|also|plus|so)\s+"
     r"|\s+and\s+(?:also\s+)?(?=(?:never|always|don't|do not|please|keep|make sure|use|no|every|each|all|any"
     r"|nothing|none)\b))\s*",
     re.I,

@@ -65,10 +65,13 @@ _RULE = re.compile(
     r"|(?:don't|do not) forget to|remember to|should always|need to always)"
     r"|only|(?P<neg>never|don't|do not|must not|must never|mustn't|may not|are not allowed to|should never|avoid"
     r"|stop))"
-    rf"\s+{_NOT_AN_ORDER}\w"
+    rf"\s+{_NOT_AN_ORDER}[`'\"*]?\w"
     r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not| never)(?!\s+(?:be|have)\b)|should always|is always|are always)"
-    rf"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}\w"
-    r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b",
+    rf"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}[`'\"*]?\w"
+    r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b"
+    # a habit stated as what holds: "I never write about helmet laws", "it always gets labelled 'Sponsored'"
+    r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos3>always)|(?P<neg3>never))\s+(?!(?:works?|worked|fails?|failed|breaks?|broke"
+    r"|crash(?:es|ed)?|happens?|happened|seems?|seemed|knows?|knew|remembers?|learn)\b)[a-z]{3,}",
     re.I,
 )
 _NEGATIVE = re.compile(r"\b(?:never|don't|do not|must not|mustn't|may not|not allowed|avoid|stop|under no)\b", re.I)
@@ -145,8 +148,9 @@ def _rule(text: str) -> Found | None:
         value = "allowed" if permit else "not required"
         return "rule", content_words(text, "may can allowed free permitted feel go ahead fine need"), value
     if match := _RULE.search(text):
-        positive = match.group("pos") or match.group("pos2")
-        negative = match.group("neg") or match.group("neg2") or (not positive and _NEGATIVE.search(text))
+        positive = match.group("pos") or match.group("pos2") or match.group("pos3")
+        negative = match.group("neg") or match.group("neg2") or match.group("neg3")
+        negative = negative or (not positive and _NEGATIVE.search(text))
         value = "never" if negative else "always"
         return "rule", content_words(text, "forget remember sure going forward circumstances"), value
     return None
