@@ -35,7 +35,7 @@ import httpx
 import orjson
 
 from proxy.app import create_app
-from proxy.engine.standing import flow, ledger
+from proxy.engine.standing import flow, languages, ledger
 from proxy.store.sqlite.store import SQLiteStore
 from tests.support.fakes import FakeUpstream
 from tests.support.proxies import make_config
@@ -47,10 +47,11 @@ ISSUE = {10: "5.5 s, 1,042 items", 300: "> 21 min, unfinished"}  # the old code,
 
 
 def said_of(messages: int) -> tuple[float, flow.Said]:
-    """(seconds, statements) of the request's messages, read as ingest reads them."""
+    """(seconds, statements) of the request's messages, read as ingest reads them (``flow.heard``: the language
+    of a message the reader took nothing from is detected too)."""
     transcript = rule_dense_request(messages)
     start = time.perf_counter()
-    said = [flow.read_statements(message) for message in transcript]
+    said = [(role, statements) for role, statements, _ in map(flow.heard, transcript)]
     return time.perf_counter() - start, said
 
 
@@ -179,6 +180,7 @@ def main(quick: bool = False, argv: list[str] | None = None) -> None:
                         "on the 10-message request (about 5 s)")  # fmt: skip
     args = parser.parse_args(argv or [])
     ledger.extract("Never push to main.", "user")  # warm the readers' patterns up outside the measurements
+    languages.detect("Antworte bitte immer auf Deutsch.")  # and build the language detector (once per process)
     sizes = (10, 30) if quick else (10, 300)
     planning(sizes, args.before)
     through_http(sizes, 0 if quick else 20_000)

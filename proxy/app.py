@@ -27,6 +27,7 @@ from proxy.engine.engine import ContextEngine
 from proxy.engine.errors import EngineError
 from proxy.engine.neutralise import warm_up as neutralise_warm_up
 from proxy.engine.recall import RecallTools
+from proxy.engine.standing import languages
 from proxy.errors import InternalError, InvalidRequestError, NotFoundError, ProxyError
 from proxy.relay.policy import ModelPolicy, recall_tool_tokens, router_of
 from proxy.relay.priority import Priority
@@ -116,6 +117,8 @@ async def _start(state: AppState, serving: bool) -> None:
         await state.upstream.warm_up()
         recall_tool_tokens()  # loads the tokenizer now, not in the first request (a ~200 ms stall of the loop)
         await asyncio.to_thread(neutralise_warm_up)  # the fold's table (~0.2 s), not in the first request
+        if config.lcm_settings.standing_instructions != "off":
+            await asyncio.to_thread(languages.warm_up)  # the language models (~0.5 s, ~30 MB), likewise
         gc.collect()
         gc.freeze()
 

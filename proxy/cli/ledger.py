@@ -1,5 +1,6 @@
 """``lcm-proxy ledger ID``: a conversation's standing instructions (``standing.ledger``), each with the message
-it came from; ``--pin``, ``--drop`` or ``--restore`` one of them. Also the "Standing instructions" section of
+it came from, and the languages of its messages that the deterministic reader does not read (with how many
+messages each); ``--pin``, ``--drop`` or ``--restore`` one of them. Also the "Standing instructions" section of
 ``lcm-proxy show``. Run by ``proxy.cli.operator`` (its errors, its exit statuses) over the admin service."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def ledger_lines(items: list[dict[str, Any]]) -> list[str]:
 
 async def show_section(views: AdminViews, conversation_id: str) -> list[str]:
     """``show``'s section: nothing at all for a conversation without standing instructions."""
-    items = (await views.ledger(None, conversation_id))["data"]
+    items = (await views.ledger(None, conversation_id, with_languages=False))["data"]
     return ["", "Standing instructions:", *ledger_lines(items)] if items else []
 
 
@@ -47,8 +48,25 @@ async def ledger_text(
         option, item_id = change
         item = await views.set_ledger_state(tenant, conversation_id, item_id, CHANGES[option])
         return f"{CHANGES[option]}: {item_line(item)}"
-    items = (await views.ledger(tenant, conversation_id, every))["data"]
-    return "\n".join(ledger_lines(items)) if items else f"no standing instructions in {conversation_id}"
+    listed = await views.ledger(tenant, conversation_id, every)
+    items = listed["data"]
+    lines = ledger_lines(items) if items else [f"no standing instructions in {conversation_id}"]
+    return "\n".join([*lines, *language_lines(listed["languages"])])
+
+
+def language_lines(languages: dict[str, Any]) -> list[str]:
+    """What the deterministic reader did not read (``AdminViews.unread_languages``): nothing when it read all."""
+    if not languages["not_read"]:
+        return []
+    reads = ", ".join(languages["deterministic_reader"])
+    scanned = "" if languages["scanned_from_seq"] == 0 else f" (of the newest {languages['scanned_messages']})"
+    return [
+        "",
+        f"Languages the deterministic reader does not read (it reads {reads}; only the summary model's"
+        f" proposals set items from these){scanned}:",
+        *(f"  {n['language']}: {n['messages']} message{'' if n['messages'] == 1 else 's'} not read by the"
+          " deterministic reader" for n in languages["not_read"]),
+    ]  # fmt: skip
 
 
 def ledger_change(args: argparse.Namespace) -> tuple[str, str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import orjson
 
 from proxy import tokens
+from proxy.dialects import Dialect, by_name
 from proxy.engine.deletion import Deleter, Scrubber
 from proxy.engine.engine import ContextEngine, RequestSummarizer
 from proxy.engine.errors import InvalidArgument, NotFound
@@ -23,12 +25,15 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.plan import view_message
 from proxy.engine.recall import RecallTools
 from proxy.engine.render import summary_block
+from proxy.engine.standing import languages
+from proxy.engine.standing.flow import spoken_text
 from proxy.store.base import reads_for
 from proxy.store.records import LEDGER_STATES, ConversationRecord, LedgerItem, MessageRecord
 from proxy.types import Messages
 
 MESSAGES_PAGE = 1000  # messages per page of ``GET /lcm/conversations/{id}/messages`` unless ``limit`` says
 MESSAGES_PAGE_MAX = 2000
+LANGUAGES_SCANNED = 10_000  # the newest messages whose language the ledger view counts (a few seconds at most)
 
 PROXY_ID = re.compile(r"conv_[0-9a-f]{16}")
 
@@ -63,6 +68,12 @@ def ledger_json(item: LedgerItem) -> dict[str, Any]:
     data.pop("conversation_id")
     data["message_id"] = f"msg_{item.message_id}"
     return data
+
+
+def _unread_tally(rows: Sequence[MessageRecord], dialect: Dialect) -> dict[str, int]:
+    """Messages of ``rows`` that the deterministic reader does not read, by language (as forwarded: a document
+    stored out of line is not the speaker's prose)."""
+    return languages.tally(spoken_text(view_message(row, stubbed=False)[0], dialect) for row in rows)
 
 
 def _conversation_json(c: ConversationRecord) -> dict[str, Any]:
@@ -160,13 +171,44 @@ class AdminViews:
             "items": items,
         }
 
-    async def ledger(self, scope: str | None, conversation_id: str, include_superseded: bool = False) -> dict[str, Any]:
+    async def ledger(
+        self,
+        scope: str | None,
+        conversation_id: str,
+        include_superseded: bool = False,
+        with_languages: bool = True,
+    ) -> dict[str, Any]:
         """The conversation's standing instructions (``proxy.engine.standing.ledger``) with the message each came from, by
         seq: those in force and those the user dropped; ``include_superseded``: also those a later statement
-        replaced."""
+        replaced; ``with_languages``: also which languages its messages are in that the deterministic reader does
+        not read (``unread_languages``)."""
         c = await self.find(scope, conversation_id)
         items = await self.store.read.ledger(c.id, include_superseded)
-        return {"object": "list", "data": [ledger_json(i) for i in items]}
+        out: dict[str, Any] = {"object": "list", "data": [ledger_json(i) for i in items]}
+        if with_languages:
+            out["languages"] = await self.unread_languages(c)
+        return out
+
+    async def unread_languages(self, c: ConversationRecord) -> dict[str, Any]:
+        """Which languages the conversation's user and system messages are in that the deterministic reader of
+        standing instructions does not read (``proxy.engine.standing.languages``), with how many messages each:
+        only the summary model's proposals set items from those. Counted now from the newest
+        ``LANGUAGES_SCANNED`` stored messages, a page at a time, off the event loop."""
+        start = max(0, c.message_count - LANGUAGES_SCANNED)
+        dialect = by_name(c.dialect)
+        counts: Counter[str] = Counter()
+        for page in range(start, c.message_count, MESSAGES_PAGE):
+            rows = await self.store.search.messages(c.id, page, min(c.message_count, page + MESSAGES_PAGE))
+            counts.update(await asyncio.to_thread(_unread_tally, rows, dialect))
+        return {
+            "deterministic_reader": sorted(languages.READ),
+            "not_read": [
+                {"language": language, "messages": n}
+                for language, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            ],
+            "scanned_from_seq": start,
+            "scanned_messages": c.message_count - start,
+        }
 
     async def set_ledger_state(
         self, scope: str | None, conversation_id: str, item_id: str, state: str

@@ -1,6 +1,7 @@
 """``lcm-proxy ledger`` and the "Standing instructions" section of ``lcm-proxy show``, in this process, on both
 stores: each item with the message it came from, pinned and dropped ones marked; pin, drop and restore; the exit
-statuses of the other operator commands. Items are planted through the store (``tests.support.ledger``)."""
+statuses of the other operator commands. Items are planted through the store (``tests.support.ledger``); the
+languages the deterministic reader does not read are counted from a conversation ingested through the app."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from proxy.store.location import Location
 from tests.support.cli import main
+from tests.support.languages import NOT_READ, turns
 from tests.support.ledger import BUDGET, OLD_BUDGET, RULE, TURNS, plant
 
 KEYS = [{"key": "sk-alice-0000000", "tenant": "alice"}, {"key": "sk-bob-11111111", "tenant": "bob"}]
@@ -93,3 +95,32 @@ def test_unknown_ids_other_tenants_and_two_changes_are_refused(stored: tuple[Any
     both = cli("ledger", conversation, "--pin", RULE, "--drop", BUDGET)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert cli("ledger", conversation).stdout == f"  {RULE_LINE})\n  {BUDGET_LINE})\n"  # nothing changed
+
+
+def test_the_ledger_command_names_the_languages_the_deterministic_reader_does_not_read(
+    app_factory: Any, where: Location, isolated_env: dict[str, str]
+) -> None:
+    proxy = app_factory(api_keys=KEYS, where=where)  # the ledger on: what ingest reads, as it reads it
+    headers = {"authorization": "Bearer sk-alice-0000000"}
+    response = proxy.client.post(
+        "/v1/chat/completions", json={"model": "test-model", "messages": turns()}, headers=headers
+    )
+    assert response.status_code == 200, response.text
+    conversation = response.headers["x-lcm-conversation-id"]
+    location = proxy.config.general_settings.location()
+    store = ["--data-dir", str(location.data_dir)]
+    store += ["--database-url", location.database_url] if location.database_url else []
+
+    listed = main("ledger", conversation, *store, env=isolated_env)
+    assert listed.returncode == 0, listed.stderr
+    items, _, languages = listed.stdout.partition("\n\n")
+    assert "[preference] Please keep every estimate in metric units from now on." in items
+    assert NOT_READ == [{"language": "de", "messages": 3}, {"language": "fr", "messages": 1}]
+    assert languages == (
+        "Languages the deterministic reader does not read (it reads en; only the summary model's proposals set"
+        " items from these):\n"
+        "  de: 3 messages not read by the deterministic reader\n"
+        "  fr: 1 message not read by the deterministic reader\n"
+    )
+    shown = main("show", conversation, *store, env=isolated_env)  # show lists the items, not the languages
+    assert shown.returncode == 0 and "deterministic reader" not in shown.stdout

@@ -1,10 +1,12 @@
 """One request's standing instructions on their way to the store (``proxy.engine.standing.flow``).
 
-Its new messages are read in one worker thread call, planned in another against the ledger as read before
-the write transaction, and the transaction that appends the messages writes the plan. When that transaction
-finds the conversation elsewhere than the plan assumed (another request appended, forked or changed the
-ledger meanwhile), it raises ``LedgerMoved`` with what it saw; the ingestor rolls back, plans again off the
-loop from that, and retries (as it does for messages it must prepare: ``proxy.engine.ingest``).
+Its new messages are read in one worker thread call (their statements, and the language of those the
+deterministic reader took nothing from: ``proxy.engine.standing.languages``), planned in another against the
+ledger as read before the write transaction, and the transaction that appends the messages writes the plan
+(and logs the languages the deterministic reader does not read). When that transaction finds the conversation
+elsewhere than the plan assumed (another request appended, forked or changed the ledger meanwhile), it raises
+``LedgerMoved`` with what it saw; the ingestor rolls back, plans again off the loop from that, and retries (as
+it does for messages it must prepare: ``proxy.engine.ingest``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 
 from proxy.dialects import Dialect
 from proxy.engine.identity import Located
+from proxy.engine.standing import languages
 from proxy.engine.standing.flow import LedgerMoved, Plan, Said, apply, forked_basis, plan_off_loop, said_all
 from proxy.engine.standing.ledger import Statement
 from proxy.store.base import Reads, Writes
@@ -28,6 +31,7 @@ class Intake:
         self.enabled = enabled  # the ingestor keeps the ledger (``Ingestor.standing``)
         self._unread: dict[int, Message] = {}
         self._stated: dict[int, tuple[str, list[Statement]]] = {}
+        self._unread_in: dict[int, str] = {}  # index -> language the deterministic reader does not read
         self.plan: Plan | None = None
 
     def add(self, index: int, message: Message) -> None:
@@ -40,8 +44,11 @@ class Intake:
         """Read the messages added since the last call, in one worker thread call."""
         if self._unread:
             indices = sorted(self._unread)
-            stated = await said_all(self.dialect, [self._unread.pop(i) for i in indices])
-            self._stated.update(zip(indices, stated, strict=True))
+            heard = await said_all(self.dialect, [self._unread.pop(i) for i in indices])
+            for i, (role, statements, language) in zip(indices, heard, strict=True):
+                self._stated[i] = (role, statements)
+                if language is not None:
+                    self._unread_in[i] = language
 
     def new(self, start: int, end: int) -> Said:
         return [self._stated.get(i, ("", [])) for i in range(start, end)]
@@ -68,12 +75,20 @@ class Intake:
 
     async def write(self, tx: Writes, conversation_id: str, start: int, end: int) -> int:
         """In the transaction that appended messages [start, end): write their plan (``flow.apply``). Raises
-        ``LedgerMoved`` when the plan was made for other messages or another ledger. Returns items added."""
+        ``LedgerMoved`` when the plan was made for other messages or another ledger. Returns items added.
+        Messages in a language the deterministic reader does not read are logged (``languages.notice``)."""
         if not self.enabled:
             return 0
         planned = self.plan
         if planned is None or planned.start != start or planned.count != end - start:
             if all(i in self._stated and not self._stated[i][1] for i in range(start, end)):
+                self._notice(conversation_id, start, end)
                 return 0  # read, and nothing said: nothing to plan
             raise LedgerMoved(await tx.ledger(conversation_id), start)
-        return await apply(tx, conversation_id, start, planned)
+        added = await apply(tx, conversation_id, start, planned)
+        self._notice(conversation_id, start, end)
+        return added
+
+    def _notice(self, conversation_id: str, start: int, end: int) -> None:
+        if self._unread_in:
+            languages.notice(conversation_id, (self._unread_in.get(i) for i in range(start, end)))

@@ -21,7 +21,7 @@ import orjson
 
 from proxy.app import create_app
 from proxy.cli.doctor import run_doctor
-from proxy.engine.standing import flow, ledger
+from proxy.engine.standing import flow, languages, ledger
 from proxy.engine.standing.flow import MAX_NEW_PER_MESSAGE, MAX_OPEN_ITEMS
 from proxy.store.records import LedgerItem
 from proxy.store.sqlite.store import SQLiteStore
@@ -89,12 +89,13 @@ def test_a_300_message_rule_dense_request_keeps_neither_the_loop_nor_the_writer(
 
     reading, planning = Hold(), Hold()
     calls_on_loop: list[str] = []
-    read_statements, plan, extract, reconcile = flow.read_statements, flow.plan, ledger.extract, ledger.reconcile
+    heard, plan, extract, reconcile = flow.heard, flow.plan, ledger.extract, ledger.reconcile
+    detect = languages.detect
 
     def held_read(message: Any, *args: Any) -> Any:
         if len(str(message.get("content"))) > 3000:  # the big request's messages, not Bob's
             reading()
-        return read_statements(message, *args)
+        return heard(message, *args)
 
     def held_plan(basis: Any, start: int, new: Any, **kwargs: Any) -> Any:
         if len(new) > 100:
@@ -111,10 +112,11 @@ def test_a_300_message_rule_dense_request_keeps_neither_the_loop_nor_the_writer(
         return call
 
     with (
-        mock.patch.object(flow, "read_statements", held_read),
+        mock.patch.object(flow, "heard", held_read),
         mock.patch.object(flow, "plan", held_plan),
         mock.patch.object(ledger, "extract", watched("extract", extract)),
         mock.patch.object(ledger, "reconcile", watched("reconcile", reconcile)),
+        mock.patch.object(languages, "detect", watched("detect", detect)),
         serve_in_thread(app) as url,
     ):
         assert chat(url, ALICE, "test-model", [{"role": "user", "content": "hi"}]).status_code == 200  # warm
@@ -140,7 +142,7 @@ def test_a_300_message_rule_dense_request_keeps_neither_the_loop_nor_the_writer(
     assert answered_while_reading == 5 and answered_while_planning == 5
     assert bob.status_code == 200, bob.text
     assert outcome and outcome[0].status_code == 200, outcome[0].text if outcome else "no answer"
-    assert calls_on_loop == []  # no extraction, no reconciliation on the event loop, for either tenant
+    assert calls_on_loop == []  # no extraction, language detection or reconciliation on the loop, for either tenant
 
     ledgers = asyncio.run(stored_ledgers(data_dir))
     (bob_items,) = [items for tenant, items in ledgers if tenant == "bob"]

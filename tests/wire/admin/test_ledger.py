@@ -1,6 +1,7 @@
 """The ledger of standing instructions over the admin API: ``GET /lcm/conversations/{id}/ledger`` lists it with
 the message each item came from, ``POST .../ledger/{item}`` pins, drops or restores one; another tenant's key
-sees none of it and changes nothing. Items are planted through the store (``tests.support.ledger``)."""
+sees none of it and changes nothing; the listing says which languages of the conversation's user and system messages
+the deterministic reader does not read. Items are planted through the store (``tests.support.ledger``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 from typing import Any
 
 from proxy.store.location import Location
+from tests.support.languages import NOT_READ, turns
 from tests.support.ledger import BUDGET, OLD_BUDGET, RULE, TURNS, plant
 
 ALICE = {"authorization": "Bearer sk-alice-0000000"}
@@ -42,7 +44,10 @@ def test_the_ledger_is_listed_with_its_sources_and_pinned_dropped_restored(app_f
                   "message_id": msg[2], "superseded_seq": 4, "superseded_by": BUDGET}  # fmt: skip
 
     listed = client.get(path, headers=ALICE)
-    assert listed.status_code == 200 and listed.json() == {"object": "list", "data": [rule, budget]}
+    # Every message of the conversation was looked at for its language (its turns and the answer relayed).
+    languages = {"deterministic_reader": ["en"], "not_read": [], "scanned_from_seq": 0, "scanned_messages": 6}
+    assert listed.status_code == 200
+    assert listed.json() == {"object": "list", "data": [rule, budget], "languages": languages}
     everything = client.get(path, params={"all": "true"}, headers=ALICE).json()["data"]
     assert everything == [rule, old_budget, budget]
 
@@ -100,7 +105,7 @@ def test_another_tenant_neither_sees_nor_changes_the_ledger(app_factory: Any, wh
     # Bob's own conversation holds no item of Alice's: naming her item there finds nothing either.
     bob = client.post("/v1/chat/completions", json={"model": "test-model", "messages": TURNS}, headers=BOB)
     bob_path = f"/lcm/conversations/{bob.headers['x-lcm-conversation-id']}/ledger"
-    assert client.get(bob_path, headers=BOB).json() == {"object": "list", "data": []}
+    assert client.get(bob_path, headers=BOB).json()["data"] == []
     assert client.post(f"{bob_path}/{RULE}", json={"state": "dropped"}, headers=BOB).status_code == 404
     assert [i["state"] for i in client.get(path, params={"all": "true"}, headers=ALICE).json()["data"]] == [
         "active"
@@ -122,3 +127,24 @@ def test_what_the_conversation_sets_is_listed_as_ingest_extracted_it(app_factory
     (old,) = [i for i in everything if i["seq"] == 2]
     assert old["text"] == "The budget cap is $800." and old["superseded_seq"] == 4
     assert old["superseded_by"] == current[1]["id"]
+
+
+def test_the_listing_names_the_languages_the_deterministic_reader_does_not_read(
+    app_factory: Any, where: Location
+) -> None:
+    """Counted from the stored messages of a conversation ingested with the ledger on: its German and French user
+    messages (not the assistant's, nor a short or a half-English one); the English one gave an item."""
+    proxy = app_factory(api_keys=KEYS, where=where)
+    transcript = turns()
+    response = proxy.client.post("/v1/chat/completions", json={"model": "test-model", "messages": transcript},
+                                 headers=ALICE)  # fmt: skip
+    assert response.status_code == 200, response.text
+    path = f"/lcm/conversations/{response.headers['x-lcm-conversation-id']}/ledger"
+    for params in ({}, {"all": "true"}):
+        listed = proxy.client.get(path, params=params, headers=ALICE).json()
+        assert [i["text"] for i in listed["data"]][:1] == ["Please keep every estimate in metric units from now on."]
+        assert listed["languages"] == {
+            "deterministic_reader": ["en"], "not_read": NOT_READ, "scanned_from_seq": 0,
+            "scanned_messages": len(transcript) + 1,  # and the answer the proxy relayed
+        }  # fmt: skip
+    assert proxy.client.get(path, headers=BOB).status_code == 404
