@@ -39,8 +39,9 @@ _LIFT = (
     # "'circling back' is fine again", "the balance endpoint isn't frozen anymore", "tables are not necessary
     # anymore", "the range doesn't have to be in the opening paragraph any more", "X can be lifted"
     re.compile(
-        r"^(?:(?:ok(?:ay)?|so|and|also|oh|actually)[\s,]+)*(?:the\s+|that\s+|our\s+|my\s+)?" + _WHAT
-        + r"\s+(?:(?:is|are|'s)\s+(?:fine|ok|okay|allowed|acceptable|welcome|back)\s+(?:again|now)"
+        r"^(?:(?:ok(?:ay)?|so|and|also|oh|actually)[\s,]+)*(?:the\s+|that\s+|our\s+|my\s+)?"
+        + _WHAT
+        + r"\s+(?:(?:is|are|'s)\s+(?:fine|ok|okay|acceptable|welcome|back)\s+again"
         r"|(?:isn't|is not|aren't|are not)\s+(?:\w+\s+)?(?:any ?more|any longer)"
         r"|(?:doesn't|does not|don't|do not)\s+(?:have|need) to\s+[^.;!?]{0,60}?\s+any ?(?:more|longer)"
         r"|can be (?:lifted|dropped|removed|ignored))\b",

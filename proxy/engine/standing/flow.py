@@ -82,8 +82,8 @@ def spoken_text(message: Message, dialect: Dialect = CHAT) -> tuple[str, str]:
 
 def read_statements(message: Message, dialect: Dialect = CHAT) -> tuple[str, list[Statement]]:
     """(role, statements) of one message, read on the calling thread (``said`` reads a request's off the loop)."""
-    role, text = spoken_text(message, dialect)
-    return role, ledger.extract(text, role) if text else []
+    role, statements, _ = heard(message, dialect)
+    return role, statements
 
 
 class Heard(NamedTuple):
@@ -96,12 +96,12 @@ class Heard(NamedTuple):
 
 
 def heard(message: Message, dialect: Dialect = CHAT) -> Heard:
-    """``read_statements``, and the language of a message it took nothing from (``languages.spoken``), if the
-    deterministic reader does not read it: a message it took a statement from is one it read, and is not
-    detected again (that costs ~0.1-1.6 ms a message)."""
+    """Who said ``message``, the statements the deterministic reader takes from it (``ledger.extract`` reads
+    only its sentences in a language it reads), and, when it took none from a user or system message, the
+    language that message is in if the reader does not read it (``languages.spoken``; ~0.1-1.6 ms a message)."""
     role, text = spoken_text(message, dialect)
     statements = ledger.extract(text, role) if text else []
-    language = None if statements else languages.spoken(role, text)
+    language = None if statements or role not in languages.SPEAKERS else languages.spoken(role, text)
     return Heard(role, statements, language if languages.unread(language) else None)
 
 

@@ -81,6 +81,9 @@ def keys(kind: str, slot: str, value: str) -> tuple[frozenset[Key], frozenset[Ke
             filed.add(("least", family, sign, *least))
             looked.add(("pair", family, other, *least))
             looked |= {("least", family, other, *pair) for pair in pairs}
+            # the same order with another figure (``ledger._refigured``): the same sign, looked up alike
+            looked.add(("pair", family, sign, *least))
+            looked |= {("least", family, sign, *pair) for pair in pairs}
     elif kind_of_value not in ("text", "task"):
         topic = {("topic", family, kind_of_value, w) for w in _plain(words)}
         if not words:

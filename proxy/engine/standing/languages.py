@@ -23,6 +23,7 @@ count runs in one too.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
@@ -95,6 +96,37 @@ def detect(text: str) -> str | None:
     return str(values[0].language.iso_code_639_1.name).lower()
 
 
+ENGLISH_SHARE = 0.5  # a sentence fewer of whose words are English than this is not read
+ENGLISH_SHARE_IN_FOREIGN = 0.8  # nor, in a message in another language, one less English than this
+_WORD = re.compile(r"[^\W\d_]{2,}")
+
+
+def foreign(sentence: str, message_language: str | None = None) -> bool:
+    """Whether the deterministic reader must leave ``sentence`` alone: few of its words are English words
+    (simplemma's English dictionary, sure on a few words where lingua's character statistics are not: in its
+    fast mode lingua named "The database password must never be logged." Italian), or its message is in
+    another language (``message_language``, by ``detect`` on the whole message) and it is not plainly English.
+    "Eine Regel: Pusht niemals direkt auf main." is left alone; "no emojis pls", "Use tabs." and fragments of
+    one or two words are read. The dictionary knows many loanwords ("Il budget è di 4200 euro." passes), so a
+    short Romance sentence in an English conversation may still be read."""
+    words = _WORD.findall(sentence[:MAX_PROSE])
+    # Names say nothing of the language ("Brightline's signatory is Omar Haddad"): capitalised words after the
+    # first are left out (German nouns with them, which leaves German's own small words to tell).
+    plain = words[:1] + [w for w in words[1:] if not w[0].isupper()]
+    if len(words) < 3 or len(plain) < 2:
+        return False
+    share = english_share(" ".join(plain))
+    return share < ENGLISH_SHARE or (unread(message_language) and share < ENGLISH_SHARE_IN_FOREIGN)
+
+
+def english_share(text: str) -> float:
+    """The share of ``text``'s words that are English words or inflections of them (simplemma's dictionary;
+    lower-cased, since it passes over capitalised words as names)."""
+    from simplemma import in_target_language
+
+    return float(in_target_language(text.lower(), lang="en"))
+
+
 def spoken(role: str, text: str) -> str | None:
     """The language of a message's own prose (not its code, quotes or pasted material) when ``role`` is one
     whose standing word the ledger reads, else None."""
@@ -113,7 +145,7 @@ def tally(messages: Iterable[tuple[str, str]]) -> dict[str, int]:
     language, most first (then by name)."""
     counts: Counter[str] = Counter()
     for role, text in messages:
-        language = spoken(role, text)
+        language = spoken(role, text) if role in SPEAKERS else None
         if language is not None and unread(language):
             counts[language] += 1
     return {language: n for language, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}

@@ -30,6 +30,7 @@ from proxy.engine.neutralise import neutralise_cached
 from proxy.engine.standing.changes import changes, lifted
 from proxy.engine.standing.cues import typed_value
 from proxy.engine.standing.index import Index
+from proxy.engine.standing.languages import detect, foreign
 from proxy.engine.standing.lexicon import GENERIC, content_words
 from proxy.engine.standing.slots import classify
 from proxy.engine.standing.speech import negated, not_own, own_prose
@@ -89,7 +90,10 @@ def extract(text: str, role: str) -> list[Statement]:
     # sets: a web page or a README quoted in a message must not become a standing rule (``speech.own_prose``).
     prose = own_prose(redact_secrets(text[:MAX_INPUT_CHARS]))
     found: dict[tuple[str, str], Statement] = {}
+    language = detect(prose)  # of the whole message: a sentence in it may be too short to tell
     for whole in sentences(prose):
+        if foreign(whole, language):  # "Eine Regel: …": English cues in German prose misread it (``languages``)
+            continue
         parts = _clauses(whole)
         read = [s for s in (_read(part, role, kinds) for part in parts) if s is not None] if len(parts) > 1 else []
         if len(read) < 2:  # one instruction (or none) in the sentence: read it whole, with its context

@@ -36,6 +36,7 @@ from proxy.engine.standing.lexicon import (
     content_words,
     slot,
     stem,
+    topic,
     with_topic,
 )
 from proxy.engine.standing.terse import terse
@@ -67,11 +68,13 @@ _RULE = re.compile(
     r"|stop))"
     rf"\s+{_NOT_AN_ORDER}[`'\"*]?\w"
     r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos2>must(?! not| never)(?!\s+(?:be|have)\b)|should always|is always|are always)"
-    rf"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))\s+{_NOT_AN_ORDER}[`'\"*]?\w"
+    r"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))"
+    rf"\s+{_NOT_AN_ORDER}[`'\"*]?\w"
     r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b"
     # a habit stated as what holds: "I never write about helmet laws", "it always gets labelled 'Sponsored'"
     r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos3>always)|(?P<neg3>never))\s+(?!(?:works?|worked|fails?|failed|breaks?|broke"
-    r"|crash(?:es|ed)?|happens?|happened|seems?|seemed|knows?|knew|remembers?|learn)\b)[a-z]{3,}",
+    r"|crash(?:es|ed)?|happens?|happened|seems?|seemed|knows?|knew|remembers?|learn|got|went|had|did|was|were|saw"
+    r"|said|made|thought|came|took|gave|found|told|heard|left|felt|\w+ed)\b)[a-z]{3,}",
     re.I,
 )
 _NEGATIVE = re.compile(r"\b(?:never|don't|do not|must not|mustn't|may not|not allowed|avoid|stop|under no)\b", re.I)
@@ -175,7 +178,8 @@ def _limit(text: str) -> Found | None:
     if not comparison or not _LIMIT_CONTEXT.search(text) or (PAST.search(text) and not NORMATIVE.search(text)):
         return None
     value = comparison.group(0).strip()  # its unit stays in the slot: "at most 5 retries" limits retries
-    return "constraint", slot("limit", content_words(text, "must should need has have target")), value
+    # "limit databas@stag": the staging database's limit is not the legacy database's (``topics.same_topic``)
+    return "constraint", slot("limit", topic(text.replace(value, " "), "")), value
 
 
 def _preference(text: str) -> Found | None:

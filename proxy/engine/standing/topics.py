@@ -58,9 +58,6 @@ def value_type(value: str, concept: str) -> str:
     return "text"
 
 
-_CONCEPTS = frozenset(("budget", "deadline", "version", "units", "language", "address"))
-
-
 def _words(slot: str) -> tuple[str, set[str]]:
     """A slot's concept and topic words: after " ~ " where a concept slot carries them, else after its first."""
     key, _, topics = slot.partition(" ~ ")
@@ -90,6 +87,6 @@ def same_topic(new: tuple[str, str, str], old: tuple[str, str, str]) -> bool:
     old_things = {w.split("@")[0]: w for w in old_words if "@" in w}
     if new_things and old_things:  # both name a kind of thing: the same one, qualified alike
         return any(new_things[t] == old_things[t] for t in new_things.keys() & old_things.keys())
-    if not new_words or not old_words:  # "the budget is 100 euro now" updates the budget, whichever it was
-        return new_concept == old_concept and new_concept in _CONCEPTS
+    if not new_words and not old_words:
+        return new_concept == old_concept
     return bool(_plain(new_words) & _plain(old_words))

@@ -55,8 +55,10 @@ def test_every_supersession_in_the_corpus_shares_a_key() -> None:
                 if new is not old:
                     cases[branch(new, old)] += 1
             compared += near(new, old)
-    # Every case of ``supersedes`` occurs (else the test would prove less than it says) ...
-    assert cases["slot"] >= 100 and cases["topic"] >= 100 and cases["polarity"] >= 20, cases
+    # Every case of ``supersedes`` occurs (else the test would prove less than it says; limits name the thing
+    # they bound with its qualifier since the ledger of issue 29, "databas@stag", so fewer pairs of the corpus
+    # share a topic than before: the staging and the legacy database's limits no longer do) ...
+    assert cases["slot"] >= 100 and cases["topic"] >= 50 and cases["polarity"] >= 20, cases
     # ... and the index compares a small share of the pairs.
     assert compared < len(corpus_statements) ** 2 / 10
 
