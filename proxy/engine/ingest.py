@@ -31,9 +31,11 @@ import orjson
 
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
 from proxy.engine.canonical import chain_hashes
+from proxy.engine.chunks import ChunkBounds, chunk_end
 from proxy.engine.compaction import covering_prefix
 from proxy.engine.errors import ConversationBusy
-from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
+from proxy.engine.explore import TextSummarizer
+from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
@@ -97,13 +99,20 @@ Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messag
 
 class Ingestor:
     def __init__(
-        self, store: Store, files: Blobs, thresholds: Thresholds, guard: Guard | None = None, standing: bool = True
+        self,
+        store: Store,
+        files: Blobs,
+        thresholds: Thresholds,
+        guard: Guard | None = None,
+        standing: bool = True,
+        chunks: ChunkBounds | None = None,
     ) -> None:
         self.store = store
         self.files = files
         self.thresholds = thresholds
         self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
         self.standing = standing  # keep the ledger of standing instructions (``proxy.engine.standing``)
+        self.chunks = chunks or ChunkBounds()  # what one write transaction appends at most (``proxy.engine.chunks``)
 
     async def ingest(
         self,
@@ -162,12 +171,10 @@ class Ingestor:
                 assert first_guess.conversation is not None
                 outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
-                await intake.guess(self.store.read, first_guess, len(transcript))
+                bound = functools.partial(chunk_end, self.chunks, prepared, end=len(transcript))
+                await intake.guess(self.store.read, first_guess, len(transcript), bound)
                 guess = first_guess.conversation
-                commit = functools.partial(
-                    self._commit, incoming, prepared, intake, explorations, batch, guess.id if guess else None
-                )
-                outcome = await self._write(commit, prepare, intake, len(transcript))
+                outcome = await self._store(incoming, prepared, intake, explorations, batch, guess, prepare)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -203,16 +210,47 @@ class Ingestor:
             tip_chain=incoming.chains[-1],
         )
 
+    async def _store(
+        self,
+        incoming: Incoming,
+        prepared: Prepared,
+        intake: Intake,
+        explorations: dict[str, str],
+        batch: BlobBatch,
+        guess: ConversationRecord | None,
+        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
+    ) -> Outcome:
+        """Store the transcript's new messages chunk by chunk (``proxy.engine.chunks``), one write transaction
+        each; between two, the next chunk's standing instructions are planned off the loop against the ledger
+        as stored. The outcome: the last chunk's conversation, the first chunk's action, all messages appended."""
+        end = len(incoming.transcript)
+        bound = functools.partial(chunk_end, self.chunks, prepared, end=end)
+        expected = guess.id if guess else None
+        first: Outcome | None = None
+        appended = 0
+        while True:
+            commit = functools.partial(self._commit, incoming, prepared, intake, explorations, batch, expected)
+            (conversation_id, action, count, forked_from), stop = await self._write(commit, prepare, intake, bound)
+            appended += count
+            first = first or (conversation_id, action, count, forked_from)
+            forked_from = first[3] or forked_from
+            if stop >= end:
+                return conversation_id, first[1], appended, forked_from
+            expected = conversation_id
+            await intake.follow(self.store.read, conversation_id, stop, bound(stop))
+
     async def _write(
         self,
-        commit: Callable[[], Awaitable[Outcome]],
+        commit: Callable[[], Awaitable[tuple[Outcome, int]]],
         prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
         intake: Intake,
-        end: int,
-    ) -> Outcome:
+        bound: Callable[[int], int],
+    ) -> tuple[Outcome, int]:
         """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the
-        ledger as its plan of standing instructions had it."""
-        for _attempt in range(5):
+        ledger as its plan of standing instructions had it; ``bound``: where the chunk from a seq on ends."""
+        attempts, progress = 0, -1
+        while attempts < 5:
+            attempts += 1
             try:
                 # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
                 return await asyncio.shield(commit())
@@ -222,8 +260,12 @@ class Ingestor:
                 for i in missing.indices:
                     await prepare(i)
             except LedgerMoved as moved:
-                # Or changed its ledger: plan again off the loop from what the transaction saw.
-                await intake.prepare(moved.items, moved.start, end)
+                # Or changed its ledger: plan again off the loop from what the transaction saw. A transaction
+                # that found more of the transcript stored than before (a copy of this request, sent again while
+                # this one was stored chunk by chunk, stored the chunk) saw progress, not contention.
+                if moved.start > progress:
+                    attempts, progress = 0, moved.start
+                await intake.prepare(moved.items, moved.start, bound(moved.start))
         raise ConversationBusy(
             "Other requests kept changing this conversation while this one was stored; send it again."
         )
@@ -236,8 +278,9 @@ class Ingestor:
         explorations: dict[str, str],
         batch: BlobBatch,
         expected: str | None = None,
-    ) -> Outcome:
-        """One write transaction: decide again under the locks, place the transcript, append what is new."""
+    ) -> tuple[Outcome, int]:
+        """One write transaction: decide again under the locks, place the transcript, append the first chunk of
+        what is new (``proxy.engine.chunks``). Returns the outcome and where the chunk ended."""
         async with self.store.write() as tx:
             located, action = await self._decide(tx, incoming, expected)
             conversation = located.conversation
@@ -254,16 +297,18 @@ class Ingestor:
             model = incoming.model
             if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
                 await tx.set_last_model(conversation_id, model)
-            missing = [i for i in range(start, len(incoming.transcript)) if i not in prepared]
+            end = len(incoming.transcript)
+            missing = [i for i in range(start, end) if i not in prepared]
             if missing:
                 raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
-            new = [prepared[i] for i in range(start, len(incoming.transcript))]
+            stop = chunk_end(self.chunks, prepared, start, end)
+            new = [prepared[i] for i in range(start, stop)]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
-                await intake.write(tx, conversation_id, start, len(incoming.transcript))
+                await intake.write(tx, conversation_id, start, stop)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
-            return conversation_id, action, len(new), forked_from
+            return (conversation_id, action, len(new), forked_from), stop
 
     async def _decide(self, tx: Writes, incoming: Incoming, expected: str | None) -> tuple[Located, Action]:
         """The conversation the transcript belongs to, and what to do with it, final until the commit."""
@@ -362,41 +407,9 @@ class Ingestor:
         self, scope: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
     ) -> Callable[[Payload], Awaitable[str]]:
         """The exploration of one request's payloads, within its budget of summary-model calls."""
-        thresholds = self.thresholds
-        budget = ExplorationBudget(
-            thresholds.exploration_calls, thresholds.exploration_seconds, self.guard, f"explore:{scope}"
-        )
-
-        async def explore(payload: Payload) -> str:
-            if payload.file_id in explorations:  # the same payload twice in one request
-                return explorations[payload.file_id]
-            known = await self.store.read.file(scope, payload.file_id)
-            if known is not None and known.exploration:
-                summary = known.exploration
-            elif payload.text is None:
-                summary = f"Kind: binary ({payload.mime}), {len(payload.data)} bytes."
-            else:
-                model = getattr(summarizer, "model", None)
-                # A tool's output is described from its own lines (errors, head and tail), not by the summary
-                # model: an agent's outputs come by the dozen, each one a call with the whole output as input,
-                # while the agent can run the tool again and the recall tools read it back in full.
-                usable = (
-                    summarizer is not None
-                    and payload.kind != "tool_output"
-                    and not (self.guard is not None and isinstance(model, str) and self.guard.breaker_open(model))
-                )
-                summary = await exploration_summary(
-                    payload.name,
-                    payload.mime,
-                    payload.text,
-                    summarizer if usable else None,
-                    max_tokens=thresholds.exploration_tokens,
-                    budget=budget,
-                )
-            explorations[payload.file_id] = summary
-            return summary
-
-        return explore
+        t = self.thresholds
+        limits = (t.exploration_tokens, t.exploration_calls, t.exploration_seconds)
+        return request_explorer(self.store.read, self.guard, scope, summarizer, explorations, *limits)
 
     async def prepare_message(
         self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch
