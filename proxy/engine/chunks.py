@@ -18,13 +18,25 @@ would meet the shorter request that the stored prefix is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from proxy.engine.errors import ConversationBusy
+from proxy.engine.identity import Action
 from proxy.engine.intercept import Interception
+from proxy.engine.standing.flow import LedgerMoved
+from proxy.engine.standing.intake import Intake
+from proxy.store.base import Reads
 from proxy.store.records import NewMessage
 
 PAYLOAD_BYTES = 4096  # what a payload file's row and publication (a rename, a folder synced) count for
+ATTEMPTS = 5  # write transactions of one chunk that find the conversation moved, before the request is a 409
+
+Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messages appended, forked from
+Commit = Callable[[str | None], Awaitable[tuple[Outcome, int]]]  # one chunk's transaction: (outcome, its end)
 
 
 @dataclass(frozen=True)
@@ -61,3 +73,69 @@ def chunk_end(
             break
         stop += 1
     return stop
+
+
+class NeedsPreparation(Exception):
+    """A chunk's transaction found messages of the request not prepared yet (another request moved the
+    conversation meanwhile): it rolls back, they are prepared outside the writer, and it runs again."""
+
+    def __init__(self, indices: list[int]) -> None:
+        self.indices = indices
+
+
+async def store_in_chunks(
+    commit: Commit,
+    prepare: Callable[[int], Awaitable[Any]],
+    intake: Intake,
+    reads: Reads,
+    bound: Callable[[int], int],
+    end: int,
+    expected: str | None,
+) -> Outcome:
+    """Store the request's new messages (up to ``end``) chunk by chunk: ``commit(expected)`` is one chunk's write
+    transaction, ``bound(seq)`` where the chunk from ``seq`` ends. Between two, the next chunk's standing
+    instructions are planned against the ledger as stored, read through ``reads`` (the store's reader off the
+    event loop: nothing but awaiting runs on the loop between two chunks). The outcome: the last chunk's
+    conversation, the first chunk's action, all messages appended."""
+    first: Outcome | None = None
+    appended = 0
+    while True:
+        (conversation_id, action, count, forked_from), stop = await settle(
+            functools.partial(commit, expected), prepare, intake, bound
+        )
+        appended += count
+        first = first or (conversation_id, action, count, forked_from)
+        forked_from = first[3] or forked_from
+        if stop >= end:
+            return conversation_id, first[1], appended, forked_from
+        expected = conversation_id
+        await intake.follow(reads, conversation_id, stop, bound(stop))
+
+
+async def settle(
+    commit: Callable[[], Awaitable[tuple[Outcome, int]]],
+    prepare: Callable[[int], Awaitable[Any]],
+    intake: Intake,
+    bound: Callable[[int], int],
+) -> tuple[Outcome, int]:
+    """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the ledger as
+    its plan of standing instructions had it; ``ConversationBusy`` after ``ATTEMPTS`` that found it moved."""
+    attempts, progress = 0, -1
+    while attempts < ATTEMPTS:
+        attempts += 1
+        try:
+            # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
+            return await asyncio.shield(commit())
+        except NeedsPreparation as missing:
+            # Another request moved the conversation meanwhile: prepare the extra messages outside the write
+            # lock (interception may call the summarizer), then decide again.
+            for i in missing.indices:
+                await prepare(i)
+        except LedgerMoved as moved:
+            # Or changed its ledger: plan again off the loop from what the transaction saw. A transaction that
+            # found more of the transcript stored than before (a copy of this request, sent again while this one
+            # was stored chunk by chunk, stored the chunk) saw progress, not contention.
+            if moved.start > progress:
+                attempts, progress = 0, moved.start
+            await intake.prepare(moved.items, moved.start, bound(moved.start))
+    raise ConversationBusy("Other requests kept changing this conversation while this one was stored; send it again.")

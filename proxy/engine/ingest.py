@@ -31,16 +31,14 @@ import orjson
 
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
 from proxy.engine.canonical import chain_hashes
-from proxy.engine.chunks import ChunkBounds, chunk_end
+from proxy.engine.chunks import ChunkBounds, NeedsPreparation, Outcome, chunk_end, store_in_chunks
 from proxy.engine.compaction import covering_prefix
-from proxy.engine.errors import ConversationBusy
 from proxy.engine.explore import TextSummarizer
 from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
-from proxy.engine.standing.flow import LedgerMoved
 from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
@@ -71,11 +69,6 @@ class IngestResult:
     tip_chain: str | None = None  # chain hash of the transcript's last message (where a relayed answer goes)
 
 
-class _NeedsPreparation(Exception):
-    def __init__(self, indices: list[int]) -> None:
-        self.indices = indices
-
-
 LOOP_TURN = 0.02  # seconds of preparing messages on the event loop before it serves others
 TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a plain re-send refreshes it
 
@@ -94,7 +87,6 @@ class Incoming:
 
 
 Prepared = dict[int, tuple[Interception, NewMessage]]
-Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messages appended, forked from
 
 
 class Ingestor:
@@ -171,10 +163,14 @@ class Ingestor:
                 assert first_guess.conversation is not None
                 outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
-                bound = functools.partial(chunk_end, self.chunks, prepared, end=len(transcript))
-                await intake.guess(self.store.read, first_guess, len(transcript), bound)
-                guess = first_guess.conversation
-                outcome = await self._store(incoming, prepared, intake, explorations, batch, guess, prepare)
+                # A bounded write transaction per chunk; the ledger read before each chunk is planned off the loop
+                # (every item of a long conversation's fork: a read as long as the transcript).
+                end, guess = len(transcript), first_guess.conversation
+                bound = functools.partial(chunk_end, self.chunks, prepared, end=end)
+                await intake.guess(reads_for(self.store, end), first_guess, end, bound)
+                commit = functools.partial(self._commit, incoming, prepared, intake, explorations, batch)
+                expected = guess.id if guess else None
+                outcome = await store_in_chunks(commit, prepare, intake, self.store.search, bound, end, expected)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -210,66 +206,6 @@ class Ingestor:
             tip_chain=incoming.chains[-1],
         )
 
-    async def _store(
-        self,
-        incoming: Incoming,
-        prepared: Prepared,
-        intake: Intake,
-        explorations: dict[str, str],
-        batch: BlobBatch,
-        guess: ConversationRecord | None,
-        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
-    ) -> Outcome:
-        """Store the transcript's new messages chunk by chunk (``proxy.engine.chunks``), one write transaction
-        each; between two, the next chunk's standing instructions are planned off the loop against the ledger
-        as stored. The outcome: the last chunk's conversation, the first chunk's action, all messages appended."""
-        end = len(incoming.transcript)
-        bound = functools.partial(chunk_end, self.chunks, prepared, end=end)
-        expected = guess.id if guess else None
-        first: Outcome | None = None
-        appended = 0
-        while True:
-            commit = functools.partial(self._commit, incoming, prepared, intake, explorations, batch, expected)
-            (conversation_id, action, count, forked_from), stop = await self._write(commit, prepare, intake, bound)
-            appended += count
-            first = first or (conversation_id, action, count, forked_from)
-            forked_from = first[3] or forked_from
-            if stop >= end:
-                return conversation_id, first[1], appended, forked_from
-            expected = conversation_id
-            await intake.follow(self.store.read, conversation_id, stop, bound(stop))
-
-    async def _write(
-        self,
-        commit: Callable[[], Awaitable[tuple[Outcome, int]]],
-        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
-        intake: Intake,
-        bound: Callable[[int], int],
-    ) -> tuple[Outcome, int]:
-        """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the
-        ledger as its plan of standing instructions had it; ``bound``: where the chunk from a seq on ends."""
-        attempts, progress = 0, -1
-        while attempts < 5:
-            attempts += 1
-            try:
-                # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
-                return await asyncio.shield(commit())
-            except _NeedsPreparation as missing:
-                # Another request moved the conversation meanwhile: prepare the extra messages outside the
-                # write lock (interception may call the summarizer), then decide again.
-                for i in missing.indices:
-                    await prepare(i)
-            except LedgerMoved as moved:
-                # Or changed its ledger: plan again off the loop from what the transaction saw. A transaction
-                # that found more of the transcript stored than before (a copy of this request, sent again while
-                # this one was stored chunk by chunk, stored the chunk) saw progress, not contention.
-                if moved.start > progress:
-                    attempts, progress = 0, moved.start
-                await intake.prepare(moved.items, moved.start, bound(moved.start))
-        raise ConversationBusy(
-            "Other requests kept changing this conversation while this one was stored; send it again."
-        )
-
     async def _commit(
         self,
         incoming: Incoming,
@@ -297,11 +233,13 @@ class Ingestor:
             model = incoming.model
             if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
                 await tx.set_last_model(conversation_id, model)
+            # The chunk (``proxy.engine.chunks``), checked for messages not prepared yet within itself only (every
+            # chunk of a large request holds the writer); if it holds one, all are prepared and it is computed again.
             end = len(incoming.transcript)
-            missing = [i for i in range(start, end) if i not in prepared]
-            if missing:
-                raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
             stop = chunk_end(self.chunks, prepared, start, end)
+            if any(i not in prepared for i in range(start, stop)):
+                # Rolls the transaction back; nothing was written.
+                raise NeedsPreparation([i for i in range(start, end) if i not in prepared])
             new = [prepared[i] for i in range(start, stop)]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)

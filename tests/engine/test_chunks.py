@@ -6,6 +6,8 @@ are counted and their appends measured (``tests.support.engine.WriteLog``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -165,3 +167,52 @@ def test_an_edited_history_forks_in_chunks_and_leaves_the_original_intact(where:
             assert await export_conversation(store, files, "t", original.conversation_id) == messages
 
     run(scenario())
+
+
+def test_between_two_chunks_the_event_loop_reads_nothing(where: Location, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two chunks the next one's ledger is read through the store's reader off the event loop (SQLite's
+    request-path reader, ``Store.read``, runs on the loop) and planned in a worker thread: from the first chunk's
+    commit to the last one's, ``Store.read`` is not used at all."""
+    messages = transcript()
+
+    async def scenario() -> None:
+        async with open_engine(where) as (ingestor, store, _):
+            ingestor.chunks = BOUNDS
+            await ingestor.ingest("t", messages[:3])  # a conversation with a ledger, continued in chunks
+            events: list[str] = []
+            loop_reader = type(store).read
+            monkeypatch.setattr(type(store), "read", property(lambda s: Recorded(loop_reader.fget(s), events)))
+            log = WriteLog(store)
+            inner = store.write
+
+            @contextlib.asynccontextmanager
+            async def unit() -> AsyncIterator[Any]:
+                async with inner() as tx:
+                    yield tx
+                events.append("unit")
+
+            store.write = unit
+            result = await ingestor.ingest("t", messages)
+            assert result.appended == 21 and len(log.appending) >= 3
+            first, last = events.index("unit"), len(events) - 1 - events[::-1].index("unit")
+            assert events[first : last + 1] == ["unit"] * len(log.appending), events
+
+    run(scenario())
+
+
+class Recorded:
+    """A store's reader whose every call is noted in ``events`` as "read"."""
+
+    def __init__(self, reads: Any, events: list[str]) -> None:
+        self._reads, self._events = reads, events
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._reads, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._events.append("read")
+            return found(*args, **kwargs)
+
+        return call

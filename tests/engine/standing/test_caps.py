@@ -242,7 +242,10 @@ def test_an_answer_planned_against_a_moved_ledger_is_planned_again(where: Locati
     async def scenario() -> None:
         async with open_engine(where) as (ingestor, store, _):
             # The agent's own decision (an assistant's statement never replaces what the user set).
-            first = [user("Pick a client library."), {"role": "assistant", "content": "Let's go with httpx for the client code."}]
+            first = [
+                user("Pick a client library."),
+                {"role": "assistant", "content": "Let's go with httpx for the client code."},
+            ]
             result = await ingestor.ingest("t", first)
             conversation = result.conversation_id
             (old,) = await store.read.ledger(conversation)
