@@ -20,7 +20,7 @@ the store sits beneath the engine and imports nothing of it.
 
 Internal exceptions are not here: they steer control flow inside one module and its caller, which always
 catches them, so no user ever sees one. They are ``SummaryPreempted`` (a background summary gave way to a
-chat request), ``TooLarge`` (assembly retries with the recall reserve), ``_NeedsPreparation`` (ingestion
+chat request), ``TooLarge`` (assembly retries with the recall reserve), ``NeedsPreparation`` (ingestion
 prepares the messages another request added, then commits again) and ``BatchClosedError`` (a request's
 files were discarded under its transaction). ``SummarizerUnavailable`` is mostly of that kind too (a sweep
 turns it into ``SweepReport.unavailable``), but is reported should it ever escape.

@@ -31,14 +31,14 @@ import orjson
 
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
 from proxy.engine.canonical import chain_hashes
+from proxy.engine.chunks import ChunkBounds, NeedsPreparation, Outcome, chunk_end, store_in_chunks
 from proxy.engine.compaction import covering_prefix
-from proxy.engine.errors import ConversationBusy
-from proxy.engine.explore import ExplorationBudget, TextSummarizer, exploration_summary
+from proxy.engine.explore import TextSummarizer
+from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
 from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
-from proxy.engine.standing.flow import LedgerMoved
 from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
@@ -69,11 +69,6 @@ class IngestResult:
     tip_chain: str | None = None  # chain hash of the transcript's last message (where a relayed answer goes)
 
 
-class _NeedsPreparation(Exception):
-    def __init__(self, indices: list[int]) -> None:
-        self.indices = indices
-
-
 LOOP_TURN = 0.02  # seconds of preparing messages on the event loop before it serves others
 TOUCH_INTERVAL = 60.0  # seconds: how stale "last activity" may get before a plain re-send refreshes it
 
@@ -92,18 +87,24 @@ class Incoming:
 
 
 Prepared = dict[int, tuple[Interception, NewMessage]]
-Outcome = tuple[str, Action, int, str | None]  # conversation id, action, messages appended, forked from
 
 
 class Ingestor:
     def __init__(
-        self, store: Store, files: Blobs, thresholds: Thresholds, guard: Guard | None = None, standing: bool = True
+        self,
+        store: Store,
+        files: Blobs,
+        thresholds: Thresholds,
+        guard: Guard | None = None,
+        standing: bool = True,
+        chunks: ChunkBounds | None = None,
     ) -> None:
         self.store = store
         self.files = files
         self.thresholds = thresholds
         self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
         self.standing = standing  # keep the ledger of standing instructions (``proxy.engine.standing``)
+        self.chunks = chunks or ChunkBounds()  # what one write transaction appends at most (``proxy.engine.chunks``)
 
     async def ingest(
         self,
@@ -162,12 +163,14 @@ class Ingestor:
                 assert first_guess.conversation is not None
                 outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
-                await intake.guess(self.store.read, first_guess, len(transcript))
-                guess = first_guess.conversation
-                commit = functools.partial(
-                    self._commit, incoming, prepared, intake, explorations, batch, guess.id if guess else None
-                )
-                outcome = await self._write(commit, prepare, intake, len(transcript))
+                # A bounded write transaction per chunk; the ledger read before each chunk is planned off the loop
+                # (every item of a long conversation's fork: a read as long as the transcript).
+                end, guess = len(transcript), first_guess.conversation
+                bound = functools.partial(chunk_end, self.chunks, prepared, end=end)
+                await intake.guess(reads_for(self.store, end), first_guess, end, bound)
+                commit = functools.partial(self._commit, incoming, prepared, intake, explorations, batch)
+                expected = guess.id if guess else None
+                outcome = await store_in_chunks(commit, prepare, intake, self.store.search, bound, end, expected)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -203,31 +206,6 @@ class Ingestor:
             tip_chain=incoming.chains[-1],
         )
 
-    async def _write(
-        self,
-        commit: Callable[[], Awaitable[Outcome]],
-        prepare: Callable[[int], Awaitable[tuple[Interception, NewMessage]]],
-        intake: Intake,
-        end: int,
-    ) -> Outcome:
-        """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the
-        ledger as its plan of standing instructions had it."""
-        for _attempt in range(5):
-            try:
-                # Shielded: a cancelled request must not abandon a half-written unit (see Store.write).
-                return await asyncio.shield(commit())
-            except _NeedsPreparation as missing:
-                # Another request moved the conversation meanwhile: prepare the extra messages outside the
-                # write lock (interception may call the summarizer), then decide again.
-                for i in missing.indices:
-                    await prepare(i)
-            except LedgerMoved as moved:
-                # Or changed its ledger: plan again off the loop from what the transaction saw.
-                await intake.prepare(moved.items, moved.start, end)
-        raise ConversationBusy(
-            "Other requests kept changing this conversation while this one was stored; send it again."
-        )
-
     async def _commit(
         self,
         incoming: Incoming,
@@ -236,8 +214,9 @@ class Ingestor:
         explorations: dict[str, str],
         batch: BlobBatch,
         expected: str | None = None,
-    ) -> Outcome:
-        """One write transaction: decide again under the locks, place the transcript, append what is new."""
+    ) -> tuple[Outcome, int]:
+        """One write transaction: decide again under the locks, place the transcript, append the first chunk of
+        what is new (``proxy.engine.chunks``). Returns the outcome and where the chunk ended."""
         async with self.store.write() as tx:
             located, action = await self._decide(tx, incoming, expected)
             conversation = located.conversation
@@ -254,16 +233,20 @@ class Ingestor:
             model = incoming.model
             if model is not None and (conversation is None or action == "fork" or conversation.last_model != model):
                 await tx.set_last_model(conversation_id, model)
-            missing = [i for i in range(start, len(incoming.transcript)) if i not in prepared]
-            if missing:
-                raise _NeedsPreparation(missing)  # rolls the transaction back; nothing was written
-            new = [prepared[i] for i in range(start, len(incoming.transcript))]
+            # The chunk (``proxy.engine.chunks``), checked for messages not prepared yet within itself only (every
+            # chunk of a large request holds the writer); if it holds one, all are prepared and it is computed again.
+            end = len(incoming.transcript)
+            stop = chunk_end(self.chunks, prepared, start, end)
+            if any(i not in prepared for i in range(start, stop)):
+                # Rolls the transaction back; nothing was written.
+                raise NeedsPreparation([i for i in range(start, end) if i not in prepared])
+            new = [prepared[i] for i in range(start, stop)]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
-                await intake.write(tx, conversation_id, start, len(incoming.transcript))
+                await intake.write(tx, conversation_id, start, stop)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
-            return conversation_id, action, len(new), forked_from
+            return (conversation_id, action, len(new), forked_from), stop
 
     async def _decide(self, tx: Writes, incoming: Incoming, expected: str | None) -> tuple[Located, Action]:
         """The conversation the transcript belongs to, and what to do with it, final until the commit."""
@@ -362,41 +345,9 @@ class Ingestor:
         self, scope: str, summarizer: TextSummarizer | None, explorations: dict[str, str]
     ) -> Callable[[Payload], Awaitable[str]]:
         """The exploration of one request's payloads, within its budget of summary-model calls."""
-        thresholds = self.thresholds
-        budget = ExplorationBudget(
-            thresholds.exploration_calls, thresholds.exploration_seconds, self.guard, f"explore:{scope}"
-        )
-
-        async def explore(payload: Payload) -> str:
-            if payload.file_id in explorations:  # the same payload twice in one request
-                return explorations[payload.file_id]
-            known = await self.store.read.file(scope, payload.file_id)
-            if known is not None and known.exploration:
-                summary = known.exploration
-            elif payload.text is None:
-                summary = f"Kind: binary ({payload.mime}), {len(payload.data)} bytes."
-            else:
-                model = getattr(summarizer, "model", None)
-                # A tool's output is described from its own lines (errors, head and tail), not by the summary
-                # model: an agent's outputs come by the dozen, each one a call with the whole output as input,
-                # while the agent can run the tool again and the recall tools read it back in full.
-                usable = (
-                    summarizer is not None
-                    and payload.kind != "tool_output"
-                    and not (self.guard is not None and isinstance(model, str) and self.guard.breaker_open(model))
-                )
-                summary = await exploration_summary(
-                    payload.name,
-                    payload.mime,
-                    payload.text,
-                    summarizer if usable else None,
-                    max_tokens=thresholds.exploration_tokens,
-                    budget=budget,
-                )
-            explorations[payload.file_id] = summary
-            return summary
-
-        return explore
+        t = self.thresholds
+        limits = (t.exploration_tokens, t.exploration_calls, t.exploration_seconds)
+        return request_explorer(self.store.read, self.guard, scope, summarizer, explorations, *limits)
 
     async def prepare_message(
         self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch

@@ -266,6 +266,11 @@ class Writes(Reads, Protocol):
         """Mark the items ``ids`` replaced by item ``by``, stated in the message at ``seq``."""
         ...
 
+    async def supersede_ledger_batch(self, supersessions: Sequence[tuple[str, str, int]]) -> None:
+        """For each (id, by, seq), mark the item ``id`` replaced by item ``by``, stated in the message at ``seq``:
+        all of them in one statement (what an ingest's plan replaces, whatever the count)."""
+        ...
+
     async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
         """Set one item's state (``LEDGER_STATES``: the user pins or drops it); the item as it is now, None
         when ``conversation_id`` has no item ``item_id``."""

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from proxy.engine import ingest as ingest_module
 from proxy.engine.canonical import same_message
+from proxy.engine.chunks import NeedsPreparation
 from proxy.engine.errors import ConversationBusy
 from proxy.engine.ingest import export_conversation
 from proxy.store.location import Location
@@ -379,7 +379,7 @@ def test_a_conversation_that_never_settles_is_a_409_and_writes_nothing(where: Lo
             async def always_moved(*args: Any) -> Any:
                 nonlocal attempts
                 attempts += 1
-                raise ingest_module._NeedsPreparation([])
+                raise NeedsPreparation([])
 
             ingestor._commit = always_moved  # type: ignore[method-assign]
             with pytest.raises(ConversationBusy) as info:

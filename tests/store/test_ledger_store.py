@@ -7,10 +7,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from proxy.engine.doctor import check_database
 from proxy.store.location import Location
+from proxy.store.postgres import migrations as postgres_migrations
+from proxy.store.postgres import store as postgres_store
 from proxy.store.records import LedgerItem, NewMessage
-from tests.support.engine import execute, located, row_count, run
+from proxy.store.sqlite import migrations as sqlite_migrations
+from proxy.store.sqlite import store as sqlite_store
+from tests.support.engine import execute, located, row_count, rows, run
 
 
 def message(i: int) -> NewMessage:
@@ -202,6 +208,83 @@ def test_doctor_checks_each_item_names_its_own_message_and_successor(where: Loca
                 f"conv_f: ledger item {stale.id} is superseded by {parent[2].id}, not one of its items",
             ]
         )
+        await store.close()
+
+    run(scenario())
+
+
+async def open_items_plan(store: Any, where: Location) -> str:
+    """How the store reads a conversation's open items (``Reads.ledger``): its query plan."""
+    sql = "SELECT id FROM ledger_items WHERE conversation_id = ? AND superseded_seq IS NULL ORDER BY seq, id"
+    if where.kind == "sqlite":
+        return " ".join(str(r) for r in await rows(store, "EXPLAIN QUERY PLAN " + sql, ("conv_a",)))
+    async with store.pool.connection() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")  # a test's table is small enough for a scan
+        cursor = await conn.execute("EXPLAIN " + sql.replace("ledger_items", "lcm.ledger_items").replace("?", "%s"),
+                                    ("conv_a",))  # fmt: skip
+        return " ".join(str(r) for r in await cursor.fetchall())
+
+
+def test_a_batch_supersedes_many_items_and_the_open_ones_are_read_through_their_index(where: Location) -> None:
+    """An ingest's plan replaces its items in one statement (``supersede_ledger_batch``); the open items, which
+    every ingest that states something reads, are read through an index of their own, not by scanning every item
+    the conversation ever had."""
+
+    async def scenario() -> None:
+        store = await opened(where)
+        ids = await conversation(store, "conv_a", 4)
+        items = [
+            LedgerItem(f"led_{n:016x}", "conv_a", "rule", f"slot {n % 300}", f"v{n}", f"Rule {n}.", n // 300,
+                       ids[n // 300], "user", 1.0)
+            for n in range(900)
+        ]  # fmt: skip
+        async with store.write() as tx:
+            await tx.add_ledger_items(items)
+            await tx.supersede_ledger_batch([])  # nothing to do
+            # Each of the first 600 replaced by its slot's next item, stated 300 items (one message) later.
+            await tx.supersede_ledger_batch(
+                [(i.id, items[n + 300].id, items[n + 300].seq) for n, i in enumerate(items[:600])]
+            )
+        assert await store.read.ledger("conv_a") == items[600:]
+        assert await store.read.ledger("conv_a", include_superseded=True) == [
+            *(superseded(i, items[n + 300]) for n, i in enumerate(items[:600])), *items[600:]
+        ]  # fmt: skip
+        assert "ledger_items_open" in await open_items_plan(store, where)
+        assert await store.integrity() == []
+        await store.close()
+
+    run(scenario())
+
+
+def test_a_store_made_before_the_open_items_index_gets_it_and_reads_the_same(
+    where: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index is a migration of its own (append-only registries): a store made before it is migrated when it
+    is opened, and its items read back as they did."""
+    if where.kind == "sqlite":
+        modules: tuple[Any, ...] = (sqlite_migrations, sqlite_store)
+        name = "m009_ledger_open_items"
+    else:
+        modules, name = (postgres_migrations, postgres_store), "p005_ledger_open_items"
+    every = modules[0].MIGRATIONS
+    earlier = every[: [n for n, _ in every].index(name)]
+
+    async def scenario() -> None:
+        for module in modules:
+            monkeypatch.setattr(module, "MIGRATIONS", earlier)
+        store = await opened(where)
+        planted_items = await planted(store, "conv_a", 0)
+        before = await store.read.ledger("conv_a", include_superseded=True)
+        assert "ledger_items_open" not in await open_items_plan(store, where)
+        await store.close()
+
+        for module in modules:
+            monkeypatch.setattr(module, "MIGRATIONS", every)
+        store = await opened(where)
+        assert await store.read.ledger("conv_a", include_superseded=True) == before
+        assert await store.read.ledger("conv_a") == [planted_items[0], *planted_items[2:]]
+        assert "ledger_items_open" in await open_items_plan(store, where)
+        assert await store.integrity() == []  # every migration recorded
         await store.close()
 
     run(scenario())

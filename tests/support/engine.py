@@ -113,3 +113,44 @@ def user(text: str) -> dict[str, Any]:
 
 def assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
+
+
+class WriteLog:
+    """What each write transaction of a store appended: one list of (first seq, messages) per committed unit,
+    built by wrapping the store's ``write`` (as ``bench/ledger.py`` times it); ``fail_at``: the unit (counted
+    from 1) that raises ``InjectedCrash`` after its appends, so that it rolls back."""
+
+    def __init__(self, store: Any, fail_at: int | None = None) -> None:
+        self.store = store
+        self.units: list[list[tuple[int, list[Any]]]] = []
+        self.fail_at = fail_at
+        self._write = store.write
+        store.write = self._unit
+
+    def restore(self) -> None:
+        self.store.write = self._write
+
+    @contextlib.asynccontextmanager
+    async def _unit(self) -> AsyncIterator[Any]:
+        appended: list[tuple[int, list[Any]]] = []
+        async with self._write() as tx:
+            inner = tx.append_messages
+
+            async def append_messages(conversation_id: str, first_seq: int, messages: Any) -> None:
+                appended.append((first_seq, list(messages)))
+                await inner(conversation_id, first_seq, messages)
+
+            tx.append_messages = append_messages
+            yield tx
+            if appended and self.fail_at is not None and len(self.appending) + 1 == self.fail_at:
+                raise InjectedCrash(f"write unit {self.fail_at} failed before its commit")
+        self.units.append(appended)
+
+    @property
+    def appending(self) -> list[list[tuple[int, list[Any]]]]:
+        """The committed units that appended messages."""
+        return [unit for unit in self.units if unit]
+
+
+class InjectedCrash(Exception):
+    """An exception a test injects into a write unit (a crash between two chunks of one request)."""

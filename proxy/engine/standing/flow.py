@@ -216,8 +216,8 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
     """Write ``plan`` in the transaction that appended its messages at seqs ``start``…: its items, and the
     items each supersedes. Raises ``LedgerMoved`` (the caller rolls back, plans again off the loop and
     retries) when the open items are not the plan's basis. The work: one read of the open items (which the
-    cap bounds), the rows built (in a worker thread when there are many), inserted in chunks, and one update
-    per item that replaces open ones. Returns the items added."""
+    cap bounds; an index of their own), the rows built (in a worker thread when there are many), inserted in
+    chunks, and one batched update of the items they replace. Returns the items added."""
     if not plan.stated:
         return 0
     items = await tx.ledger(conversation_id)
@@ -232,8 +232,10 @@ async def apply(tx: Writes, conversation_id: str, start: int, plan: Plan) -> int
     rows, supersessions = await asyncio.to_thread(build) if len(plan.writes) > OFF_LOOP_WRITES else build()
     for chunk in range(0, len(rows), WRITE_CHUNK):
         await tx.add_ledger_items(rows[chunk : chunk + WRITE_CHUNK])
-    for by, seq, replaced in supersessions:
-        await tx.supersede_ledger_items(replaced, by, seq)
+    if supersessions:
+        await tx.supersede_ledger_batch(
+            [(item_id, by, seq) for by, seq, replaced in supersessions for item_id in replaced]
+        )
     return len(rows)
 
 

@@ -11,7 +11,7 @@ it does for messages it must prepare: ``proxy.engine.ingest``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from proxy.dialects import Dialect
 from proxy.engine.identity import Located
@@ -59,19 +59,28 @@ class Intake:
             await self.read()
             self.plan = await plan_off_loop(basis, start, self.new(start, end))
 
-    async def guess(self, q: Reads, located: Located, end: int) -> None:
-        """The first plan, before the write transaction, for the conversation ``locate`` found (the
-        transaction decides again: if it decides otherwise, ``write`` says so)."""
+    async def guess(self, q: Reads, located: Located, end: int, bound: Callable[[int], int] | None = None) -> None:
+        """The first plan, before the write transaction, for the conversation ``locate`` found: of the first
+        chunk of its new messages up to ``end``, those from a seq to ``bound(seq)`` (``proxy.engine.chunks``;
+        None: to ``end``). The transaction decides again: if it decides otherwise, ``write`` says so."""
         if not self.enabled:
             return
         conversation, action = located.conversation, located.action(end)
+        bound = bound or (lambda _start: end)
         if conversation is None:
-            await self.prepare([], 0, end)
+            await self.prepare([], 0, bound(0))
         elif action == "append":
-            await self.prepare(await q.ledger(conversation.id), conversation.message_count, end)
+            start = conversation.message_count
+            await self.prepare(await q.ledger(conversation.id), start, bound(start))
         elif action == "fork":
             items = await q.ledger(conversation.id, include_superseded=True) if located.common else []
-            await self.prepare(forked_basis(items, located.common), located.common, end)
+            await self.prepare(forked_basis(items, located.common), located.common, bound(located.common))
+
+    async def follow(self, q: Reads, conversation_id: str, start: int, end: int) -> None:
+        """The plan of the next chunk, messages [start, end), once the previous one committed: against the
+        open items as stored now (``write`` finds out if another request changed them meanwhile)."""
+        if self.enabled and any(self._stated.get(i, ("", [None]))[1] for i in range(start, end)):
+            await self.prepare(await q.ledger(conversation_id), start, end)
 
     async def write(self, tx: Writes, conversation_id: str, start: int, end: int) -> int:
         """In the transaction that appended messages [start, end): write their plan (``flow.apply``). Raises

@@ -34,10 +34,12 @@ class PostgresLedgerReads:
                 (conversation_id, conversation_id, newest_superseded),
             )
             return [LedgerItem(*r) for r in rows]
+        # The open items alone through their own index (``ledger_items_open``: a literal condition, which a
+        # partial index needs; a long conversation has replaced many more items than are open).
+        open_only = "" if include_superseded else " AND superseded_seq IS NULL"
         rows = await self._all(
-            f"SELECT {LEDGER_COLUMNS} FROM lcm.ledger_items WHERE conversation_id = %s"
-            " AND (%s OR superseded_seq IS NULL) ORDER BY seq, id",
-            (conversation_id, include_superseded),
+            f"SELECT {LEDGER_COLUMNS} FROM lcm.ledger_items WHERE conversation_id = %s{open_only} ORDER BY seq, id",
+            (conversation_id,),
         )
         return [LedgerItem(*r) for r in rows]
 
@@ -68,6 +70,15 @@ class PostgresLedgerWrites(PostgresLedgerReads):
             "UPDATE lcm.ledger_items SET superseded_seq = %s, superseded_by = %s WHERE id = ANY(%s::text[])",
             (seq, by, list(ids)),
         )
+
+    async def supersede_ledger_batch(self, supersessions: Sequence[tuple[str, str, int]]) -> None:
+        if supersessions:
+            ids, bys, seqs = (list(column) for column in zip(*supersessions, strict=True))
+            await self._run(
+                "UPDATE lcm.ledger_items AS l SET superseded_seq = u.seq, superseded_by = u.by_id"
+                " FROM unnest(%s::text[], %s::text[], %s::integer[]) AS u(id, by_id, seq) WHERE l.id = u.id",
+                (ids, bys, seqs),
+            )
 
     async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
         row = await self._one(

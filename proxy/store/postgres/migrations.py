@@ -210,6 +210,16 @@ migration(
 )
 
 
+migration(
+    "p005_ledger_open_items",
+    """
+    -- A conversation's open items, as they are read: see proxy.store.sqlite.migrations (m009_ledger_open_items).
+    -- Not CONCURRENTLY (a step runs in a transaction): the ledger's writers wait while the index is built.
+    CREATE INDEX ledger_items_open ON lcm.ledger_items(conversation_id, seq, id) WHERE superseded_seq IS NULL;
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

@@ -111,6 +111,13 @@ class Session:
                 cursor = await conn.execute(sql, text_safe(args))
                 return cursor.rowcount
 
+    async def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Execute one statement once per row of arguments: psycopg sends them in a pipeline (one round trip for
+        all, not one each, which a transaction holds its conversation's lock for)."""
+        with translated():
+            async with self._connection() as conn, conn.cursor() as cursor:
+                await cursor.executemany(sql, [text_safe(row) for row in rows])
+
 
 class PostgresReads(Session, PostgresLedgerReads):
     async def conversation(

@@ -86,21 +86,25 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
             vectors = await asyncio.to_thread(lambda: [tsvector(t) for t in texts])
         else:
             vectors = [tsvector(t) for t in texts]
-        for offset, (m, words) in enumerate(zip(messages, vectors, strict=True)):
-            row = await self._one(
-                f"INSERT INTO lcm.messages ({_MESSAGE_FIELDS})"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector) RETURNING id",
+        # One pipelined statement for all the rows (a chunk of a large request holds up to a hundred messages).
+        await self._run_many(
+            f"INSERT INTO lcm.messages ({_MESSAGE_FIELDS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)",
+            [
                 (
                     conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
                     m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
                     m.compact_token_count, words,
-                ),
-            )  # fmt: skip
-            for file_id in m.file_ids:
-                await self._run(
-                    "INSERT INTO lcm.message_files (message_id, file_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                    (row[0], file_id),
                 )
+                for offset, (m, words) in enumerate(zip(messages, vectors, strict=True))
+            ],
+        )  # fmt: skip
+        if any(m.file_ids for m in messages):
+            ids = await self.message_ids(conversation_id, first_seq, first_seq + len(messages))
+            await self._run_many(
+                "INSERT INTO lcm.message_files (message_id, file_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [(ids[first_seq + offset], f) for offset, m in enumerate(messages) for f in m.file_ids],
+            )
         # Incremental (the counts are exact: every change of a conversation's messages updates them), so an
         # append costs the same at 10 messages as at 5,000.
         await self._run(
@@ -212,9 +216,9 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
         )  # fmt: skip
 
     async def put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
-        for path, content in blobs:
-            await self._run(
-                "INSERT INTO lcm.blobs (path, content) VALUES (%s, %s) ON CONFLICT DO NOTHING", (path, content)
+        if blobs:
+            await self._run_many(
+                "INSERT INTO lcm.blobs (path, content) VALUES (%s, %s) ON CONFLICT DO NOTHING", list(blobs)
             )
 
     async def take_compaction_lease(self, conversation_id: str, owner: str, ttl: float) -> bool:

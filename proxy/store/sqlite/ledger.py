@@ -34,10 +34,12 @@ class SQLiteLedgerReads:
                 (conversation_id, conversation_id, newest_superseded),
             )
             return [LedgerItem(*r) for r in rows]
+        # The open items alone through their own index (``ledger_items_open``: a literal condition, which a
+        # partial index needs; a long conversation has replaced many more items than are open).
+        open_only = "" if include_superseded else " AND superseded_seq IS NULL"
         rows = await self._all(
-            f"SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ? AND (? OR superseded_seq IS NULL)"
-            " ORDER BY seq, id",
-            (conversation_id, include_superseded),
+            f"SELECT {LEDGER_COLUMNS} FROM ledger_items WHERE conversation_id = ?{open_only} ORDER BY seq, id",
+            (conversation_id,),
         )
         return [LedgerItem(*r) for r in rows]
 
@@ -67,6 +69,12 @@ class SQLiteLedgerWrites(SQLiteLedgerReads):
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (seq, by, *chunk),
             )
+
+    async def supersede_ledger_batch(self, supersessions: Sequence[tuple[str, str, int]]) -> None:
+        await self.conn.executemany(
+            "UPDATE ledger_items SET superseded_seq = ?, superseded_by = ? WHERE id = ?",
+            [(seq, by, item_id) for item_id, by, seq in supersessions],
+        )
 
     async def set_ledger_state(self, conversation_id: str, item_id: str, state: str) -> LedgerItem | None:
         row = await self._one(

@@ -282,3 +282,14 @@ migration(
     CREATE INDEX ledger_items_message ON ledger_items(message_id);
     """,
 )
+
+migration(
+    "m009_ledger_open_items",
+    """
+    -- A conversation's open items (no later statement replaced them), in the order they are read: what every
+    -- ingest that states something reads, before its write transaction and inside it, and what each chunk of a
+    -- large request is planned against (proxy.engine.chunks). ledger_items_conversation alone made that read scan
+    -- every item the conversation ever had: 20,000 after 20,000 small rule-setting messages, for 300 open ones.
+    CREATE INDEX ledger_items_open ON ledger_items(conversation_id, seq, id) WHERE superseded_seq IS NULL;
+    """,
+)
