@@ -107,7 +107,9 @@ def own_prose(text: str) -> str:
     """``text`` with everything that is material rather than the speaker's own words blanked out (each part
     replaced by a line break, so sentences on either side stay apart)."""
     prose = normalise(text)
-    for pattern in (_FENCE, _INLINE_FENCE, _TAGGED, _STUB, _RULED, _BOT_POST, _ANNOUNCED_BLOCK, _ANNOUNCE,
+    # The announced block first, on the text as written: once a stub or a fence is taken out, the speaker's own
+    # words after it would follow the announcing line and a blank line, and pass for the material.
+    for pattern in (_ANNOUNCED_BLOCK, _FENCE, _INLINE_FENCE, _TAGGED, _STUB, _RULED, _BOT_POST, _ANNOUNCE,
                     _SAID_INLINE, _MAIL, _SINGLE_QUOTED, _QUOTED, _INDENTED):  # fmt: skip
         prose = pattern.sub("\n", prose)
     return _QUOTE_PAIR.sub(_quotation, prose)

@@ -52,7 +52,8 @@ _BOUND_AFTER = re.compile(
     re.I,
 )
 _SETTING = re.compile(
-    r"^(?P<label>[A-Za-z][\w'/-]*(?:\s+(?!(?:is|are|was|were|be)\b)[\w'/-]+){0,2})\s*:\s+(?P<value>[^:]{2,120})$"
+    r"^(?P<label>[A-Za-z][A-Za-z'/-]*(?:\s+(?!(?:is|are|was|were|be)\b)[A-Za-z'/-]+){0,2})\s*:\s+"
+    r"(?!(?:please|pls|can|could|would|will|what|why|how|when|where|who|do|does|did|is|are)\b)(?P<value>[^:]{2,120})$"
 )
 _NOT_A_SETTING = re.compile(
     r"^(?:from|to|cc|bcc|subject|date|re|fwd|sent|reply-to|hi|hello|dear|note|update|edit|ps|p\.s|q|a|question"
