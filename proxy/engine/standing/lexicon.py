@@ -68,7 +68,7 @@ THINGS = frozenset(  # kinds of thing that get a name or an identifier, stemmed
     )
 )  # fmt: skip
 _GENERIC = """
-budget spend spending cost fee allowance cap limit deadline date name thing stuff value number amount
+budget spend spending cost fee allowance cap limit ceiling floor deadline date name thing stuff value number amount
 total whole overall hard soft final new old current main big small quick good news record note update
 month week day year quarter sprint today tomorrow time times hour minute morning afternoon evening night
 customer client user team people peopl everyone anyone someone somebody nobody finance legal manager boss

@@ -39,7 +39,7 @@ from proxy.engine.standing.lexicon import (
     topic,
     with_topic,
 )
-from proxy.engine.standing.terse import terse
+from proxy.engine.standing.terse import labelled_kind, terse
 from proxy.engine.standing.values import digits
 from proxy.store.records import LEDGER_KINDS
 
@@ -240,7 +240,7 @@ def _detect(body: str, kinds: Collection[str]) -> Found | None:
     def label(text: str) -> Found | None:
         return labelled(text, lambda rest: _detect(rest, kinds))
 
-    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, terse, *BROAD):
+    for detect in (*CONCEPTS, _limit, limit, _rule, _goal, _preference, _decision, label, terse, *BROAD, labelled_kind):
         found = detect(body)
         if found and found[0] in kinds:
             return found if found[1].strip() and found[2].strip() else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from proxy.engine.standing.cues import typed_value
 from proxy.engine.standing.lexicon import Found, content_words, stem, topic, with_topic
 
 _LEAD = r"^(?:(?:and|but|also|so|plus|oh|ok(?:ay)?|then|btw|ps)\b[\s,]*)*"
@@ -57,7 +58,11 @@ _SETTING = re.compile(
 )
 _NOT_A_SETTING = re.compile(
     r"^(?:from|to|cc|bcc|subject|date|re|fwd|sent|reply-to|hi|hello|dear|note|update|edit|ps|p\.s|q|a|question"
-    r"|answer|step \d+|example|e\.g|i\.e|error|warning|info|plan|output|result|status|edit \d+|http|https)$",
+    r"|answer|step \d+|example|e\.g|i\.e|error|warning|info|plan|output|result|status|edit \d+|http|https"
+    # a label that names the kind of what follows ("USER PREFERENCE:", "HARD CONSTRAINT:", "FACT:"), not its topic:
+    # the sentence after it is read on its own (``slots.classify``)
+    r"|(?:[\w'-]+\s+){0,2}(?:rules?|constraints?|preferences?|facts?|goals?|state|decisions?|requirements?"
+    r"|polic(?:y|ies)|notes?|reminders?|instructions?|guidelines?|conventions?|fyi|important|context|background))$",
     re.I,
 )
 _OBLIGED = re.compile(
@@ -114,6 +119,32 @@ _ONE_OFF = re.compile(
     r"|(?:in|for) this (?:pr|commit|run|ticket|branch|draft|version|email|reply|one|issue|chapter))\b",
     re.I,
 )
+
+
+# "USER PREFERENCE: …", "Hard constraint: …", "FACT: …", "Goal state: …": the speaker says what kind it is.
+_KIND_LABEL = re.compile(
+    r"^(?:(?:[\w'-]+\s+){0,2})(?P<kind>rules?|constraints?|preferences?|facts?|goal(?:\s+state)?|goals|task"
+    r"|decisions?|requirements?|polic(?:y|ies)|conventions?|guidelines?)\s*:\s*(?P<rest>\S.{2,300})$",
+    re.I,
+)
+_LABEL_KIND = {"rule": "rule", "requirement": "rule", "policy": "rule", "policie": "rule", "convention": "rule",
+               "guideline": "rule", "constraint": "constraint", "preference": "preference", "fact": "name",
+               "goal": "goal", "goal state": "goal", "task": "goal", "decision": "decision"}  # fmt: skip
+
+
+def labelled_kind(text: str) -> Found | None:
+    """A sentence its speaker labelled with its kind, whatever its shape: the kind named, its topic words (the
+    value of a type left out: "the user's contact code is XKX-8683" and its update share "contact code")."""
+    label = _KIND_LABEL.match(text.strip())
+    if not label:
+        return None
+    name = " ".join(label.group("kind").lower().split()).removesuffix("s")
+    kind = _LABEL_KIND.get(name, _LABEL_KIND.get(name + "s", "rule"))
+    rest = label.group("rest").strip(" .")
+    value = typed_value(rest) or rest
+    # the slot is the topic words themselves (no concept key before " ~ "): two labelled items replace each
+    # other only with a value of one type and a topic word in common (``topics.same_topic``)
+    return kind, f"{kind} {topic(rest, value if value != rest else '')}".strip(), value
 
 
 def one_off(text: str) -> bool:
