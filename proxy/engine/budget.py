@@ -129,6 +129,19 @@ def ledger_share(settings: LcmSettings, limit: int) -> int:
     return min(settings.standing_instructions_tokens or 2000, limit // 2)
 
 
+def ledger_room(settings: LcmSettings, limit: int) -> int:
+    """The most the block may take when its items need it: its share, and the recall block's reserve besides
+    (recalled excerpts give way to the standing instructions when room is short, never the other way)."""
+    share = ledger_share(settings, limit)
+    return share + _recall_reserve(settings, limit) if share else 0
+
+
+def _recall_reserve(settings: LcmSettings, limit: int) -> int:
+    if settings.auto_recall == "off" or limit < 400:
+        return 0
+    return min(settings.auto_recall_tokens or 2000, limit // 10)
+
+
 def compact_ledger(limit: int) -> bool:
     """Whether the block is rendered compact (short header, the items' words only) for this limit."""
     return limit < COMPACT_LEDGER_BELOW
@@ -137,12 +150,11 @@ def compact_ledger(limit: int) -> bool:
 def sizes(settings: LcmSettings, limit: int, summary_window: int | None = None, ledger: int = 0) -> Sizes:
     """The sizes for a message limit of ``limit`` tokens; ``summary_window`` is the summary model's own
     window, which caps what one summarizer call may be given; ``ledger`` what the conversation's standing
-    instructions take (at most ``ledger_share``)."""
+    instructions take (at most ``ledger_room``: past its share, it takes the recall block's reserve)."""
     limit = max(0, limit)
-    recall = min(settings.auto_recall_tokens or 2000, limit // 10)
-    if settings.auto_recall == "off" or limit < 400:
-        recall = 0
-    ledger = min(ledger, ledger_share(settings, limit))
+    recall = _recall_reserve(settings, limit)
+    ledger = min(ledger, ledger_room(settings, limit))
+    recall = max(0, recall - max(0, ledger - ledger_share(settings, limit)))  # what the block took of it
     context = limit - recall - ledger
     soft = int(context * settings.context_threshold)
     target = max(context // 2, soft - context * 2 // 5)

@@ -143,7 +143,7 @@ class ContextEngine:
         conversation = await self._conversation(scope, ingested.conversation_id)
         standing = await self._standing(conversation.id)
         if standing.items:  # the budget keeps what the conversation's standing instructions take
-            reserve = standing.reserve(budget.ledger_share(self.settings, limit), budget.compact_ledger(limit))
+            reserve = standing.reserve(budget.ledger_room(self.settings, limit), budget.compact_ledger(limit))
             sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None), reserve)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
@@ -226,7 +226,7 @@ class ContextEngine:
             raw.append(message)
         used = assembly.tokens
         # The ledger: right after the instructions, before the summaries, within its share (and the room left).
-        room = min(budget.ledger_share(self.settings, limit), limit - used - 8)
+        room = min(max(sizes.ledger, budget.ledger_share(self.settings, limit)), limit - used - 8)
         small = budget.compact_ledger(limit)
         block, items = standing.block(assembly.first_raw, room, small) if room > 0 else ("", ())
         if block:

@@ -65,6 +65,11 @@ _ASSISTANT_ACTION = re.compile(
     r"\b(?:let's|let us|I'll|I will|I'm going to)\s+(?:use|run|try|check)\s+\S+\s+to\s", re.I
 )
 _ROLE = re.compile(r"[a-z]{1,20}")
+_KIND_PREFIX = re.compile(
+    r"^(?:[\w'-]+\s+){0,2}(?:rules?|constraints?|preferences?|facts?|goal state|goals?|decisions?|requirements?"
+    r"|polic(?:y|ies)|fyi|note)\s*:\s+(?=\S)",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -298,7 +303,8 @@ def select(items: Sequence[LedgerItem], room: int, compact: bool = False) -> lis
 def _line(item: LedgerItem, compact: bool = False) -> str:
     text = neutralise_cached(" ".join(item.text.split()))
     role = item.role if _ROLE.fullmatch(item.role) else "unknown"
-    if compact:  # a small window: the words only (an agent's item still says who set it)
+    if compact:  # a small window: the words only, without a kind label (an agent's item still says who set it)
+        text = _KIND_PREFIX.sub("", text, count=1) or text
         return f"- {text}" if role in LIFTERS else f"- ({role}) {text}"
     label = item.kind if role == "user" else f"{item.kind}, {role}"
     return f"- [{label}] {text} (msg_{item.message_id})"
