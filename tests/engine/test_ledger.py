@@ -158,7 +158,7 @@ def test_who_said_it_decides_what_it_may_set() -> None:
     text = "Never push to main. We decided to use PostgreSQL. The staging host is db-3.internal. Answer in French."
     assert [s.kind for s in extract(text, "user")] == ["rule", "decision", "name", "preference"]
     assert [s.kind for s in extract(text, "system")] == ["rule", "decision", "name", "preference"]
-    assert [s.kind for s in extract(text, "assistant")] == ["decision", "name"]
+    assert extract(text, "assistant") == []  # the agent's own turns set nothing (its plans are in summaries)
     assert extract(text, "tool") == []
     assert extract(text, "function") == []
 
@@ -186,7 +186,7 @@ def test_quoted_pasted_and_reminder_text_sets_nothing() -> None:
     )
     assert extract(pasted, "user") == []
     assert extract("Let's use ripgrep to find the call sites.", "assistant") == []
-    assert [s.kind for s in extract("We decided to use ripgrep for all code search.", "assistant")] == ["decision"]
+    assert extract("We decided to use ripgrep for all code search.", "assistant") == []
 
 
 def test_code_blocks_set_nothing() -> None:
@@ -278,7 +278,7 @@ def test_different_things_do_not_supersede_each_other(old: str, new: str) -> Non
 def item(
     sentence: str, seq: int, *, role: str = "user", state: str = "active", superseded_seq: int | None = None
 ) -> LedgerItem:
-    found = one(sentence) if role == "user" else extract(sentence, role)[0]
+    found = one(sentence)  # an item of another role (stored before, or planted) is rendered as such
     return LedgerItem(
         id=f"led_{seq:016x}",
         conversation_id="conv",

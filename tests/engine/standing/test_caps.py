@@ -235,37 +235,30 @@ def test_a_ledger_changed_between_plan_and_write_is_planned_again(where: Locatio
     run(scenario())
 
 
-def test_an_answer_planned_against_a_moved_ledger_is_planned_again(where: Location) -> None:
-    """``record_answer`` plans before its transaction too, and again when another request wrote meanwhile."""
+def test_an_answer_sets_nothing_even_against_a_moved_ledger(where: Location) -> None:
+    """``record_answer`` reads the model's answer like any message: an agent's turn sets nothing (its plans are
+    in the summaries), so "we decided to use requests instead" neither adds an item nor replaces the user's,
+    also when another request changed the ledger while the answer was being read."""
     from proxy.engine.answers import record_answer
 
     async def scenario() -> None:
         async with open_engine(where) as (ingestor, store, _):
-            # The agent's own decision (an assistant's statement never replaces what the user set).
-            first = [
-                user("Pick a client library."),
-                {"role": "assistant", "content": "Let's go with httpx for the client code."},
-            ]
+            first = [user("Let's go with httpx for the client code."), {"role": "assistant", "content": "Sure."}]
             result = await ingestor.ingest("t", first)
             conversation = result.conversation_id
             (old,) = await store.read.ledger(conversation)
             prepare = Intake.prepare
-            calls = 0
 
-            async def prepare_then_drop(self: Intake, *args: Any) -> None:
-                nonlocal calls
+            async def prepare_then_pin(self: Intake, *args: Any) -> None:
                 await prepare(self, *args)
-                calls += 1
-                if calls == 1:
-                    async with store.write() as tx:
-                        await tx.set_ledger_state(conversation, old.id, "dropped")
+                async with store.write() as tx:
+                    await tx.set_ledger_state(conversation, old.id, "pinned")
 
             answer = {"role": "assistant", "content": "We decided to use requests for the client code instead."}
-            with mock.patch.object(Intake, "prepare", prepare_then_drop):
+            with mock.patch.object(Intake, "prepare", prepare_then_pin):
                 assert await record_answer(ingestor, "t", conversation, 2, result.tip_chain, answer, 0.0)
-            assert calls == 2
-            items = {i.value: i for i in await store.read.ledger(conversation, include_superseded=True)}
-            assert items["httpx"].superseded_by == items["requests"].id and items["httpx"].state == "dropped"
+            items = await store.read.ledger(conversation, include_superseded=True)
+            assert [(i.value, i.state, i.superseded_by) for i in items] == [(old.value, "pinned", None)]
 
     run(scenario())
 
