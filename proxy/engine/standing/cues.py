@@ -142,6 +142,7 @@ def limit(text: str) -> Found | None:
 _HABIT = re.compile(  # "for every request that failed" is one set of things, "before every commit" a habit
     r"(?<!for )\b(?:every|each)\b(?!(?:\s+[\w-]+){1,2}\s+(?:that|which|you|we|i|they)\b)"
     r"|\b(?:always|whenever|at all times|from now on|going forward|in (?:the )?future|anymore)\b"
+    r"|\b(?:throughout|everywhere|anywhere|at all times)\b"
     r"|\b(?:in|on|for|to) (?:anything|everything)\b|\b(?:before|when|after|to|on|in|from)\s+(?:\w+ing\s+)?any\b",
     re.I,
 )
@@ -155,7 +156,8 @@ _NOBODY = re.compile(
 )
 _NO_NOUN = re.compile(r"(?:^|[:;]\s*)no\s+(?:new\s+|direct\s+|more\s+)?[a-z]{3,}s\b(?!\s+(?:is|are|was)\b)", re.I)
 _GENERIC_SUBJECT = re.compile(
-    r"^(?:(?:every|each|all|any)\s+[\w'/-]+(?:\s+[\w'/-]+)?\s+(?:needs?|requires?|gets?|must|should|has to)\b"
+    r"^(?:(?:every|each|all|any)\s+[\w'/-]+(?:\s+[\w'/-]+){0,5}?\s+(?:needs?|requires?|gets?|goes|must|should"
+    r"|has to)\b"
     r"|(?:you|everyone|everybody|(?:[\w'/-]+\s+){0,3}(?!this\b|its\b|his\b|is\b|was\b|us\b)[\w'/-]*[^\Ws]s)\s+"
     r"(?:should|has to|have to|needs? to)\s+(?!be\b|have\b|been\b)\w)",
     re.I,
@@ -180,7 +182,11 @@ def order(text: str) -> Found | None:
         return "rule", content_words(text, "nobody one nothing gets goes"), "never"
     if _GENERIC_SUBJECT.match(text):
         return _order("rule", text)
-    if _imperative(text) and (_HABIT.search(text) or _CONTRAST.search(text)):
+    if (
+        _imperative(text)
+        and (_HABIT.search(text) or _CONTRAST.search(text))
+        and not (PAST.search(text) and not STILL.search(text))
+    ):
         return _order("preference" if _PRESENTATION.search(text) else "rule", text)
     if (please := _PLEASE.match(text)) and not _imperative_object(please.group("what")):
         what = please.group("what")

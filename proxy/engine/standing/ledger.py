@@ -103,8 +103,9 @@ def extract(text: str, role: str) -> list[Statement]:
             continue
         parts = _clauses(whole)
         read = [s for s in (_read(part, role, kinds) for part in parts) if s is not None] if len(parts) > 1 else []
-        if len(read) < 2:  # one instruction (or none) in the sentence: read it whole, with its context
-            read = [s for s in (_read(whole, role, kinds),) if s is not None]
+        if len(read) < 2:  # one instruction (or none) in the sentence: read it whole, with its context, unless
+            # only its part reads ("I only take sponsors I'd use, so no car brands, ever")
+            read = [s for s in (_read(whole, role, kinds),) if s is not None] or read
         for statement in read:
             key = (FAMILY.get(statement.kind, statement.kind), statement.slot)
             found.pop(key, None)

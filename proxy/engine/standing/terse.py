@@ -169,6 +169,28 @@ def terse(text: str) -> Found | None:
     return found
 
 
+_QUANTITY_VALUE = (
+    r"(?P<value>[$€£]?\s?\d[\d,.]*(?:\s?(?:k|m))?(?:\s?[–-]\s?[$€£]?\d[\d,.]*)?\s?(?:%|[a-z]{1,12}\b)?"
+    r"(?:\s+(?:a|an|per|each|every)\s+[a-z]{2,12})?)"
+)
+# "the Switch texture budget is 64 MB now, not 48", "lessons are 50 mins each", "drain grace is 120s now"
+_IS_QUANTITY = re.compile(
+    r"^(?:so\s+|and\s+|ok\s+)?(?:the\s+|our\s+|my\s+|your\s+)?(?P<what>(?!(?:it|this|that|there|he|she|they|we|i|you"
+    r"|which|what|who)\b)[a-z][\w' /-]{1,50}?)\s+(?:is|are|'s|stays?|remains?)\s+(?:now\s+|still\s+)?"
+    + _QUANTITY_VALUE
+    + r"(?:\s+(?:now|each|max|tops|at most|from now on))?\s*(?:,\s*not\s+[^,;.]{1,20})?[.!]*$",
+    re.I,
+)
+# "bump the icon cap to 512", "Make the total 29 000", "lets cap it at 900", "max epochs, make it 20"
+_SET_TO = re.compile(
+    r"^(?:(?:so|and|ok(?:ay)?|then|also|let's|lets|please|pls)[\s,]+)*(?:make|set|bump|raise|lower|cap|move|change"
+    r"|increase|reduce|drop)\s+(?:the\s+|our\s+|my\s+)?(?P<what>[\w' /-]{1,40}?)\s+(?:to\s+|at\s+)?"
+    + _QUANTITY_VALUE
+    + r"[.!]*$",
+    re.I,
+)
+
+
 def _terse(text: str) -> Found | None:
     if refusal := _REFUSAL.match(text):
         words = _words(refusal.group("what"))
@@ -188,6 +210,14 @@ def _terse(text: str) -> Found | None:
         return "rule", f"be {_words(subject)}".strip(), value
     if not_see := _NOT_SEE.match(text):
         return "rule", f"no {_words(not_see.group('what'))}".strip(), "never"
+    if amount := _IS_QUANTITY.match(text) or _SET_TO.match(text):
+        what = amount.group("what")
+        words = topic(what)
+        bare = amount.re is _IS_QUANTITY and re.fullmatch(r"[\d,.]+", amount.group("value").strip()) is not None
+        if bare and not re.search(r"\bnow\b", text, re.I):
+            return None  # "my son is 9": a number with no unit, said as no change, is a fact about something
+        if words and what.lower() not in ("it", "that", "this", "them"):  # "make it 8": the change reader's
+            return "constraint", f"limit {words}", amount.group("value").strip()
     if aim := _AIM.match(text):
         return "goal", "task", aim.group("what").strip(" .")
     if i_am := _I_AM.match(text):
