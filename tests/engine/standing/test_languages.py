@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.engine.standing import languages
+from proxy.engine.standing import languages, ledger
 from proxy.engine.standing.flow import heard
 from tests.support.languages import CONTENT_WORDS, ENGLISH, FRENCH, GERMAN, MIXED, SHORT, turns
 
@@ -107,3 +107,30 @@ def test_a_conversation_ingested_through_the_app_is_logged_once(
     ]
     every_line = "\n".join(r.getMessage() for r in caplog.records)
     assert not any(word in every_line for word in CONTENT_WORDS)
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    ["Eine Regel: Pusht niemals direkt auf main.", "Immer auf Deutsch antworten.", "Pas de tutoiement, jamais."],
+)
+def test_the_deterministic_reader_leaves_a_sentence_in_another_language_alone(sentence: str) -> None:
+    assert languages.foreign(sentence)
+    assert ledger.extract(sentence, "user") == []
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "The database password must never be logged.",  # lingua's fast mode calls it Italian
+        "Brightline's signatory is Omar Haddad.",  # names are no language
+        "no emojis pls",
+        "eu-west-1 only",
+    ],
+)
+def test_english_sentences_and_fragments_are_read(sentence: str) -> None:
+    assert not languages.foreign(sentence)
+
+
+def test_in_a_message_in_another_language_only_a_plainly_english_sentence_is_read() -> None:
+    assert languages.foreign("Kein Deploy am Freitag, bitte.", "de")
+    assert not languages.foreign("Never push to main without a review.", "de")

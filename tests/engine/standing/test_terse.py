@@ -124,3 +124,34 @@ def test_a_change_in_few_words_reaches_its_item(old: str, new: str) -> None:
     assert statements, new
     changes = reconcile([item(first.text, 1)], statements)
     assert any(ids for _, ids in changes), (new, changes)
+
+
+def test_a_sentence_labelled_with_its_kind_is_an_item_of_that_kind() -> None:
+    [preference] = extract("USER PREFERENCE: User prefers one decisive recommendation over a list.", "user")
+    [fact] = extract("FACT: The staging host is db-7.internal.", "user")
+    assert (preference.kind, fact.kind) == ("preference", "name")
+    [code] = extract("USER PREFERENCE: The user's contact code is QRT-4411.", "user")
+    [update] = extract("USER PREFERENCE: User's contact code: ZZB-0042.", "user")
+    assert reconcile([item(code.text, 1)], [update])[0][1] == ["led_0000000000000001"]  # same topic, same type
+    assert reconcile([item(preference.text, 1)], [code])[0][1] == []  # two preferences, two topics
+
+
+@pytest.mark.parametrize(
+    ("sentence", "value"),
+    [
+        ("the upload size cap is 25 MB now, not 10", "25 MB"),
+        ("standups are 15 mins each", "15 mins"),
+        ("bump the retry budget to 7", "7"),
+    ],
+)
+def test_a_quantity_said_of_a_named_thing_is_a_limit(sentence: str, value: str) -> None:
+    found = terse(sentence)
+    assert found is not None and found[0] == "constraint" and found[2] == value
+
+
+def test_a_number_with_no_unit_said_of_someone_is_no_limit() -> None:
+    assert terse("my daughter is 7") is None
+
+
+def test_the_agents_own_turns_set_nothing() -> None:
+    assert extract("We'll use PostgreSQL 16 for the store. Never push to main.", "assistant") == []
