@@ -38,7 +38,6 @@ from proxy.engine.standing.lexicon import (
     Found,
     content_words,
     topic,
-    with_topic,
 )
 
 _PRESENTATION = re.compile(
@@ -112,7 +111,10 @@ def labelled(text: str, classify: Callable[[str], Found | None]) -> Found | None
         return "goal", "task", rest.strip(" .")
     if rest := label.group("frest"):  # "FACT: the primary region is eu-north-3": what holds, said as such
         found = classify(rest)
-        return found or ("name", with_topic("fact", rest, value := typed_value(rest) or ""), value or rest.strip(" ."))
+        # its topic words are the slot (no "fact ~" key: two facts replace each other only by ``same_topic``, so
+        # the staging database's fact does not replace the production database's)
+        value = typed_value(rest) or ""
+        return found or ("name", f"fact {topic(rest, value)}".strip(), value or rest.strip(" ."))
     rest = label.group("prest")
     return "goal", f"plan {topic(label.group('plan') or '')}".strip(), rest.strip(" .")
 
