@@ -158,7 +158,8 @@ def test_who_said_it_decides_what_it_may_set() -> None:
     text = "Never push to main. We decided to use PostgreSQL. The staging host is db-3.internal. Answer in French."
     assert [s.kind for s in extract(text, "user")] == ["rule", "decision", "name", "preference"]
     assert [s.kind for s in extract(text, "system")] == ["rule", "decision", "name", "preference"]
-    assert extract(text, "assistant") == []  # the agent's own turns set nothing (its plans are in summaries)
+    assert extract(text, "assistant") == []  # the agent's own turns set only its plan and task state
+    assert [s.kind for s in extract("Plan for the refactor: split the billing module first.", "assistant")] == ["goal"]
     assert extract(text, "tool") == []
     assert extract(text, "function") == []
 

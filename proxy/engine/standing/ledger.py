@@ -9,8 +9,8 @@ is forwarded as one block right after the instructions once compaction has start
 
 This module is the deterministic core, with no store and no I/O:
 
-* ``extract``: the standing instructions in one message's text, by who said it (the user and the instructions;
-  the agent's own turns and tool output set nothing; an instruction override is never an item);
+* ``extract``: the standing instructions in one message's text, by who said it (the user and the instructions
+  every kind, the agent its plan and task state; tool output nothing; an instruction override is never an item);
 * ``reconcile``: which of them to add, and which current items each one supersedes;
 * ``select``: the current items that fit a token budget, most important first when it must shrink, returned
   in source order so that the block only grows at its end (prompt caches keep its prefix);
@@ -44,9 +44,9 @@ SETTERS = {
     "user": LEDGER_KINDS,
     "system": LEDGER_KINDS,
     "developer": LEDGER_KINDS,
-    # The agent's own turns set nothing: what it decided or plans is in the summaries; the ledger holds what the
-    # user and the instructions set (an assistant's "we'll use PostgreSQL" is a proposal until the user agrees).
-    "assistant": (),
+    # The agent's own turns set only its plan and task state ("Plan for the refactor: …"): what it decides is a
+    # proposal until the user agrees ("we'll use PostgreSQL"), and is in the summaries.
+    "assistant": ("goal",),
 }
 # Kinds that can update each other: "you may push to main now" (a rule) lifts "never push to main", and
 # "keep p99 under 200 ms" is a limit whichever of the two a phrasing lands on.

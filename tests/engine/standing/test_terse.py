@@ -153,5 +153,5 @@ def test_a_number_with_no_unit_said_of_someone_is_no_limit() -> None:
     assert terse("my daughter is 7") is None
 
 
-def test_the_agents_own_turns_set_nothing() -> None:
+def test_the_agents_decisions_and_rules_set_nothing() -> None:
     assert extract("We'll use PostgreSQL 16 for the store. Never push to main.", "assistant") == []
