@@ -538,7 +538,7 @@ def cause_of(canary: Any, call: Call) -> tuple[str, str]:
     block = sections(call.output)["ledger"]
     if not block:
         return "no ledger block", f"{len(ledger)} items, none forwarded"
-    shown = block.count("\n- [")
+    shown = block.count("\n- ")  # compact lines have no "[kind]"
     return "block capped", f"{shown} of {sum(i['superseded_seq'] is None for i in ledger)} current items shown"
 
 
@@ -649,7 +649,7 @@ def print_tables(
             cells = " | ".join(
                 f"{statistics.mean(len(p[k]) for p in parts):.0f}" for k in ("ledger", "summary", "recall", "raw")
             )
-            shown = statistics.mean(p["ledger"].count("\n- [") for p in parts)
+            shown = statistics.mean(p["ledger"].count("\n- ") for p in parts)
             current = statistics.mean(
                 sum(i["superseded_seq"] is None for i in (c.search.chosen.ledger if c.search.chosen else []))
                 for c in calls
