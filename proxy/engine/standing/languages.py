@@ -75,9 +75,10 @@ def detector() -> LanguageDetector:
 
 
 def warm_up() -> None:
-    """Build the detector and run it once (~0.3-0.7 s on 2 cores): a server does it at startup, in a worker
-    thread, so that no request waits for it."""
+    """Build the detector and load simplemma's English dictionary, running each once (~0.6-1 s on 2 cores): a
+    server does it at startup, in a worker thread, so that no request waits for them."""
     detect("Antworte bitte ab jetzt immer auf Deutsch.")
+    english_share("never push to main")
 
 
 def _letters(text: str) -> int:
