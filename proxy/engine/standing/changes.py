@@ -36,8 +36,8 @@ _LIFT = (
         r"|(?:is|has been) (?:cancell?ed|dropped|scrapped|lifted|removed|revoked)|is gone|is history)\b",
         re.I,
     ),
-    # "'circling back' is fine again", "the balance endpoint isn't frozen anymore", "tables are not necessary
-    # anymore", "the range doesn't have to be in the opening paragraph any more", "X can be lifted"
+    # "'per my last email' is fine again", "the payments API isn't frozen anymore", "diagrams are not
+    # necessary anymore", "the summary doesn't have to be in the first line any more", "X can be lifted"
     re.compile(
         r"^(?:(?:ok(?:ay)?|so|and|also|oh|actually)[\s,]+)*(?:the\s+|that\s+|our\s+|my\s+)?"
         + _WHAT
@@ -54,7 +54,7 @@ _LIFT = (
         re.I,
     ),
     re.compile(r"^(?:ok(?:ay)?,?\s+)?never mind (?:about\s+|the\s+)?" + _WHAT + r"\s*(?:[.;!]|$)", re.I),
-    # "forget the exclamation mark rule", "scratch the one-emoji limit on insta", "no more the rule for spicy"
+    # "forget the semicolon rule", "scratch the two-screenshot limit on tickets", "no more the rule for weekends"
     re.compile(
         r"\b(?:forget|ignore|disregard|scrap|scratch|drop|cancel|lift|remove|undo|revoke|retract|withdraw|ditch"
         r"|no more)\s+(?:the|that|my|our|this)\s+" + _WHAT + r"\s+(?:rule|thing|bit|limit|cap|ceiling|requirement"
@@ -67,7 +67,7 @@ _LIFT = (
         + r"\s*(?:[.;!?,]|$)",
         re.I,
     ),
-    # "scratch facebook sundays, …", "forget the blue theme": the thing itself, when it is not "it" or "that"
+    # "scratch the friday deploys, …", "forget the blue theme": the thing itself, when it is not "it" or "that"
     re.compile(
         r"^(?:(?:ok(?:ay)?|so|and|oh|also|actually)[\s,]+)*(?:forget|scratch|scrap|disregard|ignore)\s+"
         r"(?!(?:it|that|this|them|those|everything|all|about|what)\b)" + _WHAT + r"\s*(?:[.;!?,]|$)",

@@ -104,7 +104,7 @@ def extract(text: str, role: str) -> list[Statement]:
         parts = _clauses(whole)
         read = [s for s in (_read(part, role, kinds) for part in parts) if s is not None] if len(parts) > 1 else []
         if len(read) < 2:  # one instruction (or none) in the sentence: read it whole, with its context, unless
-            # only its part reads ("I only take sponsors I'd use, so no car brands, ever")
+            # only its part reads ("I only review small PRs, so no drive-by refactors, ever")
             read = [s for s in (_read(whole, role, kinds),) if s is not None] or read
         for statement in read:
             key = (FAMILY.get(statement.kind, statement.kind), statement.slot)
@@ -161,8 +161,8 @@ def supersedes(new: Statement, old: Statement | LedgerItem) -> bool:
 
 
 def _refigured(new: Statement, old: Statement | LedgerItem) -> bool:
-    """The same order said again with another figure of the same type ("tues/thurs/sat at 5 from now on" after
-    "insta is tues, thurs and sat, always 6pm"): every word of the shorter order's slot is in the longer's."""
+    """The same order said again with another figure of the same type ("standup at 10 from now on" after
+    "standup is always at 9:30"): every word of the shorter order's slot is in the longer's."""
     if new.value not in POLARITY or new.value != old.value or FAMILY.get(new.kind) != FAMILY.get(old.kind):
         return False
     small, large = sorted((set(new.slot.split()), set(old.slot.split())), key=len)

@@ -71,7 +71,7 @@ _RULE = re.compile(
     r"|(?P<neg2>must not|must never|mustn't|should never|may never|can never|is never|are never))"
     rf"\s+{_NOT_AN_ORDER}[`'\"*]?\w"
     r"|\bfrom now on\b|\bgoing forward\b|\bunder no circumstances\b"
-    # a habit stated as what holds: "I never write about helmet laws", "it always gets labelled 'Sponsored'"
+    # a habit stated as what holds: "I never book red-eye flights", "it always gets a changelog line"
     r"|^(?:[\w'-]+\s+){1,4}?(?:(?P<pos3>always)|(?P<neg3>never))\s+(?!(?:works?|worked|fails?|failed|breaks?|broke"
     r"|crash(?:es|ed)?|happens?|happened|seems?|seemed|knows?|knew|remembers?|learn|got|went|had|did|was|were|saw"
     r"|said|made|thought|came|took|gave|found|told|heard|left|felt|\w+ed)\b)[a-z]{3,}",

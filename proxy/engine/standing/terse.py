@@ -4,21 +4,21 @@ People who type fast set rules as fragments, and the sentence readers (``standin
 look for verbs and cue words that a fragment does not have. Each shape here is a grammatical form, not a
 topic, so it holds for whatever the fragment is about:
 
-* **a refusal without a verb**: "no raw hex values anywhere", "none at all in emails", "no 'I' in the
-  methods section" (a determiner *no* opening the clause, not "no problem" or a bare "no, …" answer);
-* **off limits**: "'luxury' is off limits as well", "Clause 14 is not to be touched", "spot is a no-go";
-* **an exclusive**: "eu-west-1 only", "named exports only", "tokens only for colours";
-* **a quantity with a bound after it**: "one per post max", "3 hashtags tops", "120 euro maximum";
-* **a setting**: "Tone: plain English.", "Numbering: 1.1, 1.2 style", "emojis: one per post max" (a short
+* **a refusal without a verb**: "no inline styles anywhere", "none at all in the changelog", "no 'we' in the
+  abstract" (a determiner *no* opening the clause, not "no problem" or a bare "no, …" answer);
+* **off limits**: "'synergy' is off limits too", "the billing module is not to be touched", "spot is a no-go";
+* **an exclusive**: "us-east-2 only", "named exports only", "postgres only for persistence";
+* **a quantity with a bound after it**: "two screenshots per ticket max", "12 slides tops", "90 dollars maximum";
+* **a setting**: "Voice: dry and direct.", "Dates: ISO 8601 only", "screenshots: two per ticket max" (a short
   label and its value, never a mail header or a speaker's name);
-* **an obligation of a named thing**: "Referencing has to be Harvard", "column names should be snake_case
-  everywhere", "every defined term is capitalised wherever it appears";
-* **a wish about what the speaker will not see**: "I don't want to see 'hereinafter' anywhere";
-* **the session's aim**: "today I want to get through clauses 1 to 8", "goal for today: …";
-* **who the speaker is**: "I'm Ada", "I am Marta, …";
-* **who does what**: "Signatory for Northgate is Helen Achterberg", "the approver is Marta".
+* **an obligation of a named thing**: "Invoice numbers have to be zero-padded", "test functions should be snake_case
+  everywhere", "every heading is sentence case wherever it appears";
+* **a wish about what the speaker will not see**: "I don't want to see lorem ipsum anywhere";
+* **the session's aim**: "today I want to get the onboarding flow merged", "goal for today: …";
+* **who the speaker is**: "I'm Noor", "I am Tariq, …";
+* **who does what**: "The approver for Acme is Lena Fischer", "the reviewer is Omar".
 
-What a fragment refers to by "it" or "that" ("don't load it", "make it shorter") is a one-off about the thing at
+What a fragment refers to by "it" or "that" ("don't merge it", "make it shorter") is a one-off about the thing at
 hand, never a standing rule (``one_off``). Every pattern runs on one clause of at most ~300 characters with
 bounded repetitions.
 """
@@ -148,7 +148,7 @@ def labelled_kind(text: str) -> Found | None:
 
 
 def one_off(text: str) -> bool:
-    """An order about the thing at hand ("don't load it", "don't change anything yet") or said for one time
+    """An order about the thing at hand ("don't merge it", "don't change anything yet") or said for one time
     only ("just for this run"): it sets nothing that holds."""
     return bool(_ONE_OFF.search(text) or (_DEICTIC.match(text) and not _HABIT.search(text)))
 
@@ -162,7 +162,7 @@ _SHORT_LEAD = re.compile(r"^(?:[\w'-]+\s+){0,3}[\w'-]+[,!]\s+(?=\S)")
 
 def terse(text: str) -> Found | None:
     """What a fragment sets, by its shape (see the module's list); None for most clauses. A short lead-in
-    before a comma ("ooh yes good shout, 'luxury' is off limits") is read past."""
+    before a comma ("sure, good call, 'synergy' is off limits") is read past."""
     found = _terse(text.strip(" .!"))
     if found is None and (lead := _SHORT_LEAD.match(text)):
         found = _terse(text[lead.end() :].strip(" .!"))
@@ -173,7 +173,7 @@ _QUANTITY_VALUE = (
     r"(?P<value>[$€£]?\s?\d[\d,.]*(?:\s?(?:k|m))?(?:\s?[–-]\s?[$€£]?\d[\d,.]*)?\s?(?:%|[a-z]{1,12}\b)?"
     r"(?:\s+(?:a|an|per|each|every)\s+[a-z]{2,12})?)"
 )
-# "the Switch texture budget is 64 MB now, not 48", "lessons are 50 mins each", "drain grace is 120s now"
+# "the upload size cap is 25 MB now, not 10", "standups are 15 mins each", "the timeout is 30s now"
 _IS_QUANTITY = re.compile(
     r"^(?:so\s+|and\s+|ok\s+)?(?:the\s+|our\s+|my\s+|your\s+)?(?P<what>(?!(?:it|this|that|there|he|she|they|we|i|you"
     r"|which|what|who)\b)[a-z][\w' /-]{1,50}?)\s+(?:is|are|'s|stays?|remains?)\s+(?:now\s+|still\s+)?"
@@ -181,7 +181,7 @@ _IS_QUANTITY = re.compile(
     + r"(?:\s+(?:now|each|max|tops|at most|from now on))?\s*(?:,\s*not\s+[^,;.]{1,20})?[.!]*$",
     re.I,
 )
-# "bump the icon cap to 512", "Make the total 29 000", "lets cap it at 900", "max epochs, make it 20"
+# "bump the retry budget to 7", "Make the total 4 000", "cap it at 300", "batch size, make it 64"
 _SET_TO = re.compile(
     r"^(?:(?:so|and|ok(?:ay)?|then|also|let's|lets|please|pls)[\s,]+)*(?:make|set|bump|raise|lower|cap|move|change"
     r"|increase|reduce|drop)\s+(?:the\s+|our\s+|my\s+)?(?P<what>[\w' /-]{1,40}?)\s+(?:to\s+|at\s+)?"
@@ -226,7 +226,7 @@ def _terse(text: str) -> Found | None:
         role = (person.group("role") or person.group("role2")).lower().replace(" ", "-")
         name = person.group("name") or person.group("name2")
         which = (person.group("which") or person.group("whose") or "").lower()
-        # "signatory@northgate": the signatory of one party is not the other's (``topics.same_topic``)
+        # "signatory@acme": the signatory of one party is not the other's (``topics.same_topic``)
         slot = f"{role} {stem(which)} ~ {role}@{stem(which)}" if which else f"{role} ~ {topic(text, name)}"
         return "name", slot, name
     if (setting := _SETTING.match(text)) and not _NOT_A_SETTING.match(setting.group("label").strip()):
