@@ -7,7 +7,7 @@ it reads a sentence for a standing instruction (``proxy.engine.standing.ledger.e
   follows a line that announces a paste ("Here's what the ops bot posted:", "Customer writes:");
 * ``not_own``: a sentence that is not the speaker's own standing word: reported speech ("my brother-in-law
   says: …"), a hypothetical ("if we moved to Azure, we must …"), a hedge ("I think the deadline is Friday but
-  I'm not sure"), an error or log line ("ValueError: max_retries must be at most 5");
+  I'm not sure"), an error or log line ("ConfigError: pool_size must stay below 64");
 * ``negated``: whether a sentence forbids or refuses what it names ("Don't answer in French" points the other
   way from "Please answer in French"): the one negation reader, whose answer every repeat and supersession
   test compares.
