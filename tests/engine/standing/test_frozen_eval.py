@@ -72,3 +72,11 @@ def test_pasted_text_and_tool_output_are_never_taken_from_proposals(proposed: di
     taken = proposed["all"].distractors_taken
     pasted = [line for line in taken if any(w in line for w in ("pasted", "quoted customer", "tool output"))]
     assert pasted == []
+
+
+def test_the_development_set_passes_its_checker() -> None:
+    """The development set (dev/, four authors, one checker for all of it) is well formed: quotes verbatim in
+    their messages, updates naming the item they change."""
+    dev = FROZEN.parent / "dev"
+    result = subprocess.run([sys.executable, str(dev / "check.py")], capture_output=True, text=True, cwd=dev)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("OK"), result.stdout + result.stderr

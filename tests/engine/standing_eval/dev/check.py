@@ -21,7 +21,7 @@ ITEM_KEYS = {"id", "message", "quote", "kind", "language", "about", "value",
              "replaces", "revokes", "current_at_end"}
 DIS_KEYS = {"message", "quote", "why"}
 LANG_RE = re.compile(r"^[a-z]{2}$")
-REQUIRED_LANGS = ("de",)
+REQUIRED_LANGS = ("de", "fr")
 
 
 def check_file(path, errors):
@@ -40,8 +40,8 @@ def check_file(path, errors):
     stem = os.path.splitext(os.path.basename(path))[0]
     if doc["id"] != stem:
         err(f"id {doc['id']!r} does not match file name {stem!r}")
-    if not re.match(r"^a\d\d-[a-z0-9-]+$", str(doc["id"])):
-        err("id must look like 'a01-some-name'")
+    if not re.match(r"^[a-d]\d\d-[a-z0-9-]+$", str(doc["id"])):
+        err("id must look like 'a01-some-name' (a-d: the helper who wrote it)")
     langs = doc["languages"]
     if not isinstance(langs, list) or not langs or not all(isinstance(l, str) and LANG_RE.match(l) for l in langs):
         err("languages must be a non-empty list of ISO 639-1 codes")
@@ -218,19 +218,19 @@ def main():
         if isinstance(d["languages"], list) and "en" not in d["languages"]:
             non_en.append(d["id"])
 
-    if len(paths) < 5:
-        errors.append(f"set: needs at least 5 conversation files, has {len(paths)}")
-    if n_items < 70:
-        errors.append(f"set: needs at least 70 items, has {n_items}")
-    if n_upd + n_rev < 25:
-        errors.append(f"set: needs at least 25 updates/revocations, has {n_upd + n_rev}")
-    if n_dis < 40:
-        errors.append(f"set: needs at least 40 distractors, has {n_dis}")
+    if len(paths) < 20:
+        errors.append(f"set: needs at least 20 conversation files, has {len(paths)}")
+    if n_items < 350:
+        errors.append(f"set: needs at least 350 items, has {n_items}")
+    if n_upd + n_rev < 100:
+        errors.append(f"set: needs at least 100 updates/revocations, has {n_upd + n_rev}")
+    if n_dis < 200:
+        errors.append(f"set: needs at least 200 distractors, has {n_dis}")
     for lang in REQUIRED_LANGS:
         if per_lang[lang] < 8:
             errors.append(f"set: needs at least 8 items in {lang!r}, has {per_lang[lang]}")
-    if len(non_en) < 1:
-        errors.append(f"set: needs at least 1 conversation wholly in a non-English language, has {non_en}")
+    if len(non_en) < 2:
+        errors.append(f"set: needs at least 2 conversations wholly in a non-English language, has {non_en}")
     if not typographic:
         errors.append("set: no item quote uses typographic apostrophes/quotes")
 
