@@ -57,10 +57,18 @@ def test_no_replaced_value_is_shown_as_current_with_proposals(proposed: dict[str
 
 
 @pytest.mark.xfail(
-    strict=True, reason="the deterministic reader alone misses updates it cannot read (docs/benchmarks.md)"
+    strict=True,
+    reason="the deterministic reader alone misses updates it cannot read: 7 on this set (docs/benchmarks.md)",
 )
 def test_no_replaced_value_is_shown_as_current_deterministic(deterministic: dict[str, standing_eval.Tally]) -> None:
     assert deterministic["all"].stale_shown == 0, deterministic["all"].stale_examples
+
+
+def test_the_deterministic_reader_shows_no_more_stale_values_than_measured(
+    deterministic: dict[str, standing_eval.Tally],
+) -> None:
+    """Beside the strict xfail above: the seven known cases (updates it cannot tie to their item), never more."""
+    assert deterministic["all"].stale_shown <= 7, deterministic["all"].stale_examples
 
 
 def test_proposals_leave_at_most_the_one_known_stale_case(proposed: dict[str, standing_eval.Tally]) -> None:
