@@ -21,10 +21,11 @@ from starlette.responses import Response, StreamingResponse
 from proxy.engine.engine import Prepared
 from proxy.engine.errors import ContextTooLong
 from proxy.errors import InternalError, InvalidRequestError, UpstreamError
+from proxy.relay.turn import CONVERSATION_HEADER, Call, compacted_retry, prepared_headers
 from proxy.scopes import user_scope
 from proxy.wire.auth import request_user
 from proxy.wire.chat.answer import SSE_HEADERS
-from proxy.wire.chat.forward import CONVERSATION_HEADER, Call, compacted_retry, forward, prepared_headers
+from proxy.wire.chat.forward import forward
 from proxy.wire.chat.validation import validate_chat_request
 from proxy.wire.http import REPORTED, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import sse_event
@@ -71,10 +72,9 @@ async def chat_completions(request: Request) -> Response:
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:
             await state.upstream.windows.ready(call.target)  # the server's own window, when it is being asked
-            call.summarizer = state.policy.summarizer_for(call.target)
-            call.budget = state.policy.budget_for(call.target, body)
+            budget = call.plan()
             try:
-                started = await call.begin(call.budget)
+                started = await call.begin(budget)
             except ContextTooLong as error:
                 if error.conversation_id is not None:
                     headers[CONVERSATION_HEADER] = error.conversation_id

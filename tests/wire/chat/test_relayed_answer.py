@@ -200,7 +200,7 @@ def test_the_answer_of_a_client_that_hung_up_is_not_stored(
 ) -> None:
     """A client that hangs up before its answer arrives never saw it: the conversation must not end with it (the
     multi-replica audit found such answers as messages no client had)."""
-    caplog.set_level(logging.INFO, logger="lcm_proxy.wire")
+    caplog.set_level(logging.INFO, logger="lcm_proxy")
     transcript = [{"role": "user", "content": "Will you remember this?"}]
     body = orjson.dumps({"model": "test-model", "messages": transcript})
     fake_upstream.enqueue(Reply(content="an answer nobody reads", delay=0.5))
