@@ -41,6 +41,8 @@ from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.redaction import environment_credentials, rules
 from proxy.types import ChatBody, JSONObject
+from proxy.upstream import anthropic
+from proxy.upstream.anthropic import MessagesStream
 from proxy.upstream.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.upstream.errors import (
     DEFAULT_UPSTREAM,
@@ -200,7 +202,7 @@ class Upstream:
                 except BaseException:
                     end()
                     raise
-                if isinstance(result, UpstreamStream):
+                if isinstance(result, UpstreamStream | MessagesStream):
                     result.on_close(end)  # busy until the stream is closed
                 else:
                     end()
@@ -233,6 +235,8 @@ class Upstream:
                 with map_litellm_exceptions(timeout, credentials, upstream), without_success_logging():
                     if function == "aembedding":
                         return await self._embedding(kwargs, upstream)
+                    if function == MESSAGES_CALL:
+                        return await anthropic.send(self._litellm, kwargs, kwargs.get("messages_path", "/messages"))
                     if function in OPENAI_CALLS:
                         return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
@@ -381,3 +385,49 @@ class Upstream:
 
         stream: UpstreamStream = await self._call(target, lambda c: self._kwargs(c, body, stream=True), opened=primed)
         return stream
+
+    # Anthropic's Messages API, natively (``proxy.upstream.anthropic``)
+
+    def speaks_messages(self, target: ResolvedModel) -> bool:
+        """Whether ``target``'s deployment is an Anthropic one, called with Messages requests natively."""
+        kwargs, _ = self.call_kwargs(target)
+        return anthropic.is_anthropic(self._litellm, kwargs)
+
+    def _messages_kwargs(
+        self, candidate: ResolvedModel, body: JSONObject, headers: dict[str, str], stream: bool, path: str
+    ) -> tuple[dict[str, Any], float]:
+        kwargs, timeout = self.call_kwargs(candidate, stream)
+        return {**kwargs, "messages_body": body, "client_headers": headers, "messages_path": path}, timeout
+
+    async def messages(
+        self, target: ResolvedModel, body: JSONObject, headers: dict[str, str], path: str = "/messages"
+    ) -> JSONObject:
+        """A non-streamed Messages answer (or count_tokens' with ``path``) of an Anthropic deployment."""
+        limit = self._settings.max_upstream_response_bytes
+
+        async def opened(candidate: ResolvedModel, response: Any, kwargs: dict[str, Any], timeout: float) -> Any:
+            with map_litellm_exceptions(timeout, call_credentials(kwargs), describe_upstream(candidate)):
+                return await anthropic.read_json(response, limit, describe_upstream(candidate))
+
+        def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
+            return self._messages_kwargs(candidate, body, headers, False, path)
+
+        result: JSONObject = await self._call(target, build, MESSAGES_CALL, opened)
+        return result
+
+    async def open_messages_stream(
+        self, target: ResolvedModel, body: JSONObject, headers: dict[str, str]
+    ) -> MessagesStream:
+        """A streamed Messages answer of an Anthropic deployment, its status checked (early failures raise)."""
+
+        async def opened(candidate: ResolvedModel, response: Any, kwargs: dict[str, Any], timeout: float) -> Any:
+            return MessagesStream(response, describe_upstream(candidate), timeout, call_credentials(kwargs))
+
+        def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
+            return self._messages_kwargs(candidate, body, headers, True, "/messages")
+
+        stream: MessagesStream = await self._call(target, build, MESSAGES_CALL, opened)
+        return stream
+
+
+MESSAGES_CALL = "anthropic_messages"  # ``Upstream._send``'s name for a native Messages call

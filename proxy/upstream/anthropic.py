@@ -1,0 +1,195 @@
+"""Anthropic's Messages API, called natively: the Messages door's requests to an Anthropic deployment go out as
+Messages, never through the OpenAI format (LiteLLM still names the provider, its ``api_base`` and key).
+
+* **What is sent.** The body the door built (the client's fields, the assembled ``system`` and ``messages``)
+  with the deployment's model name; the client's ``anthropic-version`` and ``anthropic-beta`` verbatim (open
+  lists: never filtered), its other ``anthropic-*`` and ``x-claude-code-*`` headers, its ``user-agent`` and
+  ``x-app``; the deployment's key as ``x-api-key`` and its ``extra_headers``.
+* **What comes back.** Non-streamed: the answer's JSON, read within ``max_upstream_response_bytes``.
+  Streamed: ``MessagesStream``, the SSE events as they came (their bytes, relayed unchanged) each with its
+  parsed data. An error status is read as ``proxy.upstream.relay.StatusError``, which the call's error
+  boundary (``map_litellm_exceptions``) turns into an ``UpstreamError`` with the provider's type and message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.errors import UpstreamError
+from proxy.upstream.errors import map_litellm_exceptions
+from proxy.upstream.relay import _client, read_error, too_large
+
+DEFAULT_BASE = "https://api.anthropic.com"
+DEFAULT_VERSION = "2023-06-01"
+# Client headers an Anthropic upstream receives as they came (besides every ``anthropic-*`` and
+# ``x-claude-code-*`` header).
+FORWARDED = frozenset({"user-agent", "x-app"})
+FORWARDED_PREFIXES = ("anthropic-", "x-claude-code-")
+NOT_FORWARDED = frozenset({"anthropic-api-key"})  # never a client credential upstream
+
+
+def client_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's headers an Anthropic upstream receives (names lower-cased, values verbatim)."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        name = name.lower()
+        if name in NOT_FORWARDED:
+            continue
+        if name in FORWARDED or name.startswith(FORWARDED_PREFIXES):
+            out[name] = value
+    return out
+
+
+def endpoint(litellm: Any, kwargs: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """(model name as the provider knows it, base URL, key) of the deployment ``kwargs`` describes."""
+    model, _, key, base = litellm.get_llm_provider(
+        model=kwargs["model"], custom_llm_provider=kwargs.get("custom_llm_provider"), api_base=kwargs.get("api_base")
+    )
+    base = kwargs.get("api_base") or base or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE
+    key = kwargs.get("api_key") or key or os.environ.get("ANTHROPIC_API_KEY")
+    return str(model), str(base), key
+
+
+def is_anthropic(litellm: Any, kwargs: Mapping[str, Any]) -> bool:
+    try:
+        _, provider, _, _ = litellm.get_llm_provider(
+            model=kwargs["model"],
+            custom_llm_provider=kwargs.get("custom_llm_provider"),
+            api_base=kwargs.get("api_base"),
+        )
+    except Exception:
+        return False
+    return bool(provider == "anthropic")
+
+
+def _url(base: str, path: str) -> str:
+    base = base.rstrip("/")
+    return base + path if base.endswith("/v1") else base + "/v1" + path
+
+
+async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/messages") -> httpx.Response:
+    """POST ``kwargs["messages_body"]`` to the deployment; the response is open (streamed) and its status below
+    400 (an error status raises ``StatusError``)."""
+    model, base, key = endpoint(litellm, kwargs)
+    body = {**kwargs["messages_body"], "model": model}
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    headers.update(kwargs.get("client_headers") or {})
+    headers.setdefault("anthropic-version", DEFAULT_VERSION)
+    if key:
+        headers["x-api-key"] = key
+    for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
+        if isinstance(extra, Mapping):
+            headers.update({str(k).lower(): str(v) for k, v in extra.items()})
+    timeout: httpx.Timeout = kwargs["timeout"]
+    client = _client(timeout.read, timeout.connect)
+    request = client.build_request("POST", _url(base, path), content=orjson.dumps(body), headers=headers)
+    response = await client.send(request, stream=True)
+    if response.status_code >= 400:
+        raise await read_error(response)
+    return response
+
+
+async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
+    """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_raw(1 << 16):
+            data += chunk
+            if len(data) > limit:
+                raise too_large(upstream, limit)
+    finally:
+        await response.aclose()
+    try:
+        answer = orjson.loads(bytes(data))
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise UpstreamError(
+            f"{upstream} sent a malformed response: not a Messages answer that could be read.",
+            status=502,
+            code="upstream_bad_response",
+        )
+    return answer
+
+
+@dataclass
+class Event:
+    """One SSE event of a Messages stream: its bytes as received (relayed unchanged) and its parsed data."""
+
+    raw: bytes
+    data: dict[str, Any]
+
+    @property
+    def type(self) -> str:
+        return str(self.data.get("type", ""))
+
+
+MAX_EVENT_BYTES = 16 << 20  # one event larger than this is a broken stream, not an answer
+
+
+class MessagesStream:
+    """An open Messages stream: its events, each parsed once; closed exactly once."""
+
+    def __init__(
+        self, response: httpx.Response, upstream: str, timeout: float | None = None, credentials: tuple[str, ...] = ()
+    ) -> None:
+        self._response = response
+        self._upstream = upstream
+        self._timeout = timeout
+        self._credentials = credentials
+        self._chunks = response.aiter_raw(1 << 16)
+        self._buffer = b""
+        self._closed = False
+        self._hooks: list[Any] = []
+
+    def on_close(self, hook: Any) -> None:
+        self._hooks.append(hook)
+
+    async def next_event(self) -> Event | None:
+        while True:
+            cut = self._buffer.find(b"\n\n")
+            if cut >= 0:
+                block, self._buffer = self._buffer[: cut + 2], self._buffer[cut + 2 :]
+                event = self._parse(block)
+                if event is not None:
+                    return event
+                continue
+            if len(self._buffer) > MAX_EVENT_BYTES:
+                raise UpstreamError(f"{self._upstream} sent an event too large to relay.", status=502)
+            with map_litellm_exceptions(self._timeout, self._credentials, self._upstream):
+                chunk = await anext(self._chunks, None)
+            if chunk is None:
+                return self._parse(self._buffer) if self._buffer.strip() else None
+            self._buffer += chunk.replace(b"\r\n", b"\n")
+
+    def _parse(self, block: bytes) -> Event | None:
+        data = b"".join(line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:"))
+        if not data:
+            return None  # a comment or an empty block
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"{self._upstream} sent a stream event that is not JSON.", status=502) from None
+        if not isinstance(parsed, dict):
+            raise UpstreamError(f"{self._upstream} sent a stream event that is not an object.", status=502)
+        return Event(block if block.endswith(b"\n\n") else block + b"\n\n", parsed)
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while (event := await self.next_event()) is not None:
+            yield event
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._response.aclose()
+        finally:
+            for hook in self._hooks:
+                hook()
