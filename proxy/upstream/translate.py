@@ -48,15 +48,11 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
-STOP_REASONS = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "function_call": "tool_use",
-    "content_filter": "refusal",
-}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
+STOP_REASONS["function_call"] = "tool_use"  # OpenAI's legacy name
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 KEPT_PARAMS = ("max_tokens", "temperature", "top_p")
+DELTA_USAGE = ("output_tokens", "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 def anthropic_error(status: int, message: str) -> JSONObject:
@@ -68,6 +64,11 @@ def anthropic_error(status: int, message: str) -> JSONObject:
 
 def _obj(value: Any) -> JSONObject:
     return value if isinstance(value, dict) else {}
+
+
+def _first(choices: Any) -> JSONObject:
+    """The first choice of an answer or chunk ({} when there is none): the only one a Messages client sees."""
+    return _obj(choices[0]) if isinstance(choices, list) and choices else {}
 
 
 def _int(value: Any) -> int:
@@ -124,7 +125,6 @@ def _user_part(block: JSONObject) -> JSONObject | None:
             return {"type": "image_url", "image_url": {"url": str(source.get("url", ""))}}
         if source.get("type") == "base64":
             return {"type": "image_url", "image_url": {"url": _data_url(source, "image/png")}}
-        return None
     if kind == "document":
         title = block.get("title")
         if source.get("type") == "text":
@@ -258,6 +258,21 @@ def _message_id(chat_id: Any) -> str:
     return "msg_" + uuid.uuid4().hex
 
 
+def _message(
+    message_id: str, model: str, content: list[JSONObject], reason: str | None, usage: JSONObject
+) -> JSONObject:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
 def _tool_input(arguments: Any) -> JSONObject:
     """A tool call's arguments as ``tool_use.input``: {} when empty, the raw text kept when not a JSON object."""
     if isinstance(arguments, dict):
@@ -271,19 +286,12 @@ def _tool_input(arguments: Any) -> JSONObject:
     return parsed if isinstance(parsed, dict) else {"_raw_arguments": arguments}
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(_texts(content))
-
-
 def chat_to_messages(result: dict[str, Any], model: str) -> dict[str, Any]:
     """A Chat Completions answer (non-streamed) -> an Anthropic Messages answer."""
-    choices = result.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    choice = _first(result.get("choices"))
     message = _obj(choice.get("message"))
     content: list[JSONObject] = []
-    if text := _content_text(message.get("content")):
+    if text := "".join(_texts(message.get("content"))):
         content.append({"type": "text", "text": text})
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
@@ -297,17 +305,9 @@ def chat_to_messages(result: dict[str, Any], model: str) -> dict[str, Any]:
                 "input": _tool_input(function.get("arguments")),
             }
         )
-    used_tools = any(block["type"] == "tool_use" for block in content)
-    return {
-        "id": _message_id(result.get("id")),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content or [{"type": "text", "text": ""}],
-        "stop_reason": stop_reason(choice.get("finish_reason"), used_tools),
-        "stop_sequence": None,
-        "usage": usage_to_anthropic(result.get("usage")),
-    }
+    reason = stop_reason(choice.get("finish_reason"), any(block["type"] == "tool_use" for block in content))
+    usage = usage_to_anthropic(result.get("usage"))
+    return _message(_message_id(result.get("id")), model, content or [{"type": "text", "text": ""}], reason, usage)
 
 
 class ChatToMessagesStream:
@@ -322,7 +322,7 @@ class ChatToMessagesStream:
         self.blocks = 0  # blocks started so far: the next block's index
         self.open: str | None = None  # "text" or "tool_use": the kind of the open block, at index blocks - 1
         self.open_call: Any = None  # the Chat index of the tool call whose block is open
-        self.calls_seen: set[Any] = set()
+        self.call_ids: dict[Any, str] = {}  # Chat index -> the id of the last call started at that index
         self.used_tools = False
         self.usage: JSONObject | None = None
         self.finish_reason: Any = None
@@ -333,16 +333,7 @@ class ChatToMessagesStream:
         self.started = True
         usage = usage_to_anthropic(None)
         usage["input_tokens"] = self.input_tokens
-        message: JSONObject = {
-            "id": self.message_id or _message_id(chat_id),
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage,
-        }
+        message = _message(self.message_id or _message_id(chat_id), self.model, [], None, usage)
         return [{"type": "message_start", "message": message}]
 
     def _close(self) -> list[JSONObject]:
@@ -365,10 +356,11 @@ class ChatToMessagesStream:
         events: list[JSONObject] = []
         index = call.get("index", position)
         function = _obj(call.get("function"))
-        if index not in self.calls_seen:
-            self.calls_seen.add(index)
+        call_id = call.get("id")
+        # A new index is a new call; so is a new id at a known index (some providers number every call 0).
+        if index not in self.call_ids or (isinstance(call_id, str) and call_id and call_id != self.call_ids[index]):
+            self.call_ids[index] = call_id = str(call_id or "toolu_" + uuid.uuid4().hex)
             self.used_tools = True
-            call_id = str(call.get("id") or "toolu_" + uuid.uuid4().hex)
             block = {"type": "tool_use", "id": call_id, "name": str(function.get("name") or ""), "input": {}}
             events += self._open("tool_use", block)
             self.open_call = index
@@ -386,10 +378,7 @@ class ChatToMessagesStream:
         events = self._start(chunk.get("id"))
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-        choices = chunk.get("choices")
-        if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
-            return events
-        choice = choices[0]
+        choice = _first(chunk.get("choices"))
         delta = _obj(choice.get("delta"))
         text = delta.get("content")
         if isinstance(text, str) and text:
@@ -418,12 +407,7 @@ class ChatToMessagesStream:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason(self.finish_reason, self.used_tools), "stop_sequence": None},
-                "usage": {
-                    "output_tokens": usage["output_tokens"],
-                    "input_tokens": usage["input_tokens"],
-                    "cache_read_input_tokens": usage["cache_read_input_tokens"],
-                    "cache_creation_input_tokens": 0,
-                },
+                "usage": {key: usage[key] for key in DELTA_USAGE},
             }
         )
         events.append({"type": "message_stop"})

@@ -617,6 +617,42 @@ def test_a_whole_tool_call_in_one_delta_and_a_wrong_finish_reason() -> None:
     }
 
 
+def test_calls_numbered_zero_by_their_provider_and_text_after_a_call() -> None:
+    """Some providers give every call index 0 (a new id tells them apart) or omit the index; text may follow a call."""
+    chunks = [
+        chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "Read", "arguments": '{"file_path"'}}]}),
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "c1", "function": {"arguments": ': "a"}'}}]}
+        ),  # the id repeated: same call
+        chunk({"tool_calls": [{"index": 0, "id": "c2", "function": {"name": "Bash", "arguments": "{}"}}]}),
+        chunk({"content": "Done."}),
+        chunk({"tool_calls": [{"id": "c3", "function": {"name": "Grep", "arguments": '{"q": 1}'}}]}),
+        chunk({"tool_calls": [{"function": {"arguments": ""}}]}, "tool_calls"),
+    ]
+    events = run(ChatToMessagesStream("m"), chunks)
+    starts = [(e["index"], e["content_block"].get("id")) for e in events if e["type"] == "content_block_start"]
+    assert starts == [(0, "c1"), (1, "c2"), (2, None), (3, "c3")]
+    assert [e["index"] for e in events if e["type"] == "content_block_stop"] == [0, 1, 2, 3]
+    pieces: dict[int, str] = {}
+    for e in events:
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+            pieces[e["index"]] = pieces.get(e["index"], "") + e["delta"]["partial_json"]
+    assert pieces == {0: '{"file_path": "a"}', 1: "{}", 3: '{"q": 1}'}
+
+
+def test_more_of_a_call_whose_block_is_closed_is_dropped() -> None:
+    chunks = [chunk(call(0, '{"a": 1}', "c1", "f")), chunk({"content": "text"}), chunk(call(0, "garbage"))]
+    events = run(ChatToMessagesStream("m"), chunks)
+    assert [(e["type"], e.get("index")) for e in events[1:-2]] == [
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+    ]
+
+
 @pytest.mark.parametrize(
     ("finish_reason", "stop_reason"),
     [("stop", "end_turn"), ("length", "max_tokens"), ("content_filter", "refusal"), (None, "end_turn")],
