@@ -118,7 +118,7 @@ def _strip(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has_cache(block: dict[str, Any]) -> int:
-    inner = blocks(block["content"]) if block.get("type") == "tool_result" else []
+    inner = blocks(block.get("content")) if block.get("type") == "tool_result" else []
     return bool(block.get("cache_control")) + sum(_has_cache(b) for b in inner)
 
 
@@ -172,10 +172,8 @@ def signed_prefix(signature: Any, thinking: str) -> bytes | None:
 def _text(content: Any) -> list[str]:
     out = []
     for b in blocks(content):
-        if b.get("type") == "text":
-            out.append(str(b.get("text", "")))
-        elif b.get("type") == "tool_result":
-            out += _text(b.get("content"))
+        out += [str(b.get("text", ""))] if b.get("type") == "text" else []
+        out += _text(b.get("content")) if b.get("type") == "tool_result" else []
     return out
 
 
@@ -206,6 +204,15 @@ def _error_body(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def _error(kind: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(_error_body(kind, message), status_code=status, headers=headers)
+
+
+def _pieces(text: str) -> list[str]:
+    """A text as it streams: word by word, each word but the first with its leading space."""
+    return [w if j == 0 else " " + w for j, w in enumerate(text.split(" ") if text else [])]
+
+
 def _sse(name: str, data: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
@@ -220,12 +227,8 @@ class FakeAnthropic:
         self.cache: set[str] = set()  # digests of the cached prefixes
         self.dropped_thinking = 0  # thinking blocks ignored under prefix_mismatch_behavior "drop_block"
         self._ids = itertools.count(1)
-        self.app = Starlette(
-            routes=[
-                Route("/v1/messages", self.messages, methods=["POST"]),
-                Route("/v1/messages/count_tokens", self.count, methods=["POST"]),
-            ]
-        )
+        routes = [("/v1/messages", self.messages), ("/v1/messages/count_tokens", self.count)]
+        self.app = Starlette(routes=[Route(path, endpoint, methods=["POST"]) for path, endpoint in routes])
 
     def enqueue(self, *replies: AReply) -> None:
         self.script.extend(replies)
@@ -244,9 +247,8 @@ class FakeAnthropic:
     # --- receiving and validating ---------------------------------------------------------------------------
 
     async def _receive(self, request: Request, *, counting: bool) -> dict[str, Any]:
-        raw = await request.body()
         try:
-            body = json.loads(raw)
+            body = json.loads(await request.body())
         except ValueError:
             body = None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -287,14 +289,6 @@ class FakeAnthropic:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
             raise Invalid("messages: at least one message is required")
-        found = bool(body.get("cache_control")) + sum(_has_cache(t) for t in body.get("tools") or [])
-        found += sum(_has_cache(b) for b in blocks(body.get("system")))
-        found += sum(_has_cache(b) for m in messages for b in blocks(m.get("content")))
-        if found > MAX_CACHE_CONTROLS:
-            raise Invalid(
-                f"A maximum of {MAX_CACHE_CONTROLS} blocks with cache_control may be provided. Found {found}."
-            )
-
         for n, m in enumerate(messages):
             role = m.get("role") if isinstance(m, dict) else None
             if role not in ("user", "assistant"):
@@ -305,6 +299,20 @@ class FakeAnthropic:
                 raise Invalid(
                     f'messages: roles must alternate between "user" and "assistant", but found multiple "{role}" roles in a row'
                 )
+            content = blocks(m.get("content"))
+            if not content and not (role == "assistant" and n == len(messages) - 1):
+                raise Invalid(
+                    f"messages.{n}: all messages must have non-empty content except for the optional final assistant message"
+                )
+            if any(b.get("type") == "text" and not b.get("text") for b in content):
+                raise Invalid("messages: text content blocks must be non-empty")
+        found = bool(body.get("cache_control")) + sum(_has_cache(t) for t in body.get("tools") or [])
+        found += sum(_has_cache(b) for b in blocks(body.get("system")))
+        found += sum(_has_cache(b) for m in messages for b in blocks(m.get("content")))
+        if found > MAX_CACHE_CONTROLS:
+            raise Invalid(
+                f"A maximum of {MAX_CACHE_CONTROLS} blocks with cache_control may be provided. Found {found}."
+            )
         self._check_tools(messages)
         self._check_thinking(body, messages, counting=counting)
         if not counting and self.window is not None and (tokens := count_tokens(body)) > self.window:
@@ -337,8 +345,8 @@ class FakeAnthropic:
                     )
 
     def _check_thinking(self, body: dict[str, Any], messages: list[dict[str, Any]], *, counting: bool) -> None:
-        binding = (body.get("thinking") or {}).get("block_binding") if isinstance(body.get("thinking"), dict) else None
-        drop = isinstance(binding, dict) and binding.get("prefix_mismatch_behavior") == "drop_block"
+        thinking: dict[str, Any] = body["thinking"] if isinstance(body.get("thinking"), dict) else {}
+        drop = (thinking.get("block_binding") or {}).get("prefix_mismatch_behavior") == "drop_block"
         for n, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
@@ -359,15 +367,11 @@ class FakeAnthropic:
 
     # --- answering ------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _error(kind: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-        return JSONResponse(_error_body(kind, message), status_code=status, headers=headers)
-
     async def count(self, request: Request) -> Response:
         try:
             body = await self._receive(request, counting=True)
         except Invalid as e:
-            return self._error(e.kind, e.message, e.status)
+            return _error(e.kind, e.message, e.status)
         return JSONResponse({"input_tokens": count_tokens(body)})
 
     def _reply_for(self, body: dict[str, Any]) -> AReply:
@@ -416,13 +420,9 @@ class FakeAnthropic:
             "output_tokens": max(1, len(said) // 4),
             "service_tier": "standard",
         }
-        if reply.usage:
-            usage.update(reply.usage)
-            if "cache_creation_input_tokens" in reply.usage and "cache_creation" not in reply.usage:
-                usage["cache_creation"] = {
-                    "ephemeral_5m_input_tokens": reply.usage["cache_creation_input_tokens"],
-                    "ephemeral_1h_input_tokens": 0,
-                }
+        usage.update(reply.usage or {})
+        if "cache_creation" not in (reply.usage or {}):
+            usage["cache_creation"]["ephemeral_5m_input_tokens"] = usage["cache_creation_input_tokens"]
         return {
             "id": f"msg_fake{next(self._ids):06d}",
             "type": "message",
@@ -438,13 +438,13 @@ class FakeAnthropic:
         try:
             body = await self._receive(request, counting=False)
         except Invalid as e:
-            return self._error(e.kind, e.message, e.status)
+            return _error(e.kind, e.message, e.status)
         reply = self._reply_for(body)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         kind = reply.error_type or ERROR_TYPES.get(reply.status, "api_error")
         if reply.status != 200 and not (reply.error_mid_stream and body.get("stream")):
-            return self._error(kind, reply.error_message, reply.status, reply.headers)
+            return _error(kind, reply.error_message, reply.status, reply.headers)
         message = self._message(body, reply)
         if not body.get("stream"):
             return JSONResponse(message, headers=reply.headers)
@@ -461,17 +461,15 @@ class FakeAnthropic:
         if reply.error_mid_stream:
             yield _sse("error", _error_body(kind, reply.error_message))
             return
+        empty: dict[str, Any]
+        deltas: list[dict[str, Any]]
         for i, block in enumerate(message["content"]):
-            kind_of = block["type"]
-            if kind_of == "text":
-                empty, deltas = {"type": "text", "text": ""}, []
-                words = block["text"].split(" ")
-                for j, word in enumerate(words):
-                    deltas.append({"type": "text_delta", "text": word if j == 0 else " " + word})
-            elif kind_of == "thinking":
+            if block["type"] == "text":
+                empty = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
+            elif block["type"] == "thinking":
                 empty = {"type": "thinking", "thinking": "", "signature": ""}
-                words = block["thinking"].split(" ") if block["thinking"] else []
-                deltas = [{"type": "thinking_delta", "thinking": w if j == 0 else " " + w} for j, w in enumerate(words)]
+                deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"])]
                 deltas.append({"type": "signature_delta", "signature": block["signature"]})
             else:
                 empty, whole = {**block, "input": {}}, json.dumps(block["input"])

@@ -14,7 +14,7 @@ from tests.support.servers import serve_in_thread
 
 MODEL = "claude-sonnet-4-5"
 BINDING = BETA_FOR_FIELD["thinking.block_binding"]
-TOOL = {
+TOOL: dict[str, Any] = {
     "name": "read_file",
     "description": "Read a file",
     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
@@ -41,29 +41,29 @@ def url(served: tuple[FakeAnthropic, str]) -> str:
 
 
 @pytest.fixture
-def client(url: str) -> anthropic.Anthropic:
+def client(url: str) -> Any:  # Any: the SDK's typed parameters are not what these tests check
     return anthropic.Anthropic(api_key="sk-test", base_url=url, max_retries=0)
 
 
-def create(client: anthropic.Anthropic, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-    return client.messages.create(model=MODEL, max_tokens=1024, messages=messages, **kwargs)  # type: ignore[arg-type]
+def create(client: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+    return client.messages.create(model=MODEL, max_tokens=1024, messages=messages, **kwargs)
 
 
 def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
-def bad_request(client: anthropic.Anthropic, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+def bad_request(client: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
     with pytest.raises(anthropic.BadRequestError) as caught:
         create(client, messages, **kwargs)
     assert caught.value.status_code == 400
     body = caught.value.body
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
-    return body["error"]["message"]
+    return str(body["error"]["message"])
 
 
-def test_non_stream_text_echoes_and_records(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_non_stream_text_echoes_and_records(fake: FakeAnthropic, client: Any) -> None:
     message = create(client, [user("hello there")], extra_query={"beta": "true"})
     assert message.type == "message" and message.role == "assistant" and message.model == MODEL
     assert [b.type for b in message.content] == ["text"]
@@ -79,7 +79,7 @@ def test_non_stream_text_echoes_and_records(fake: FakeAnthropic, client: anthrop
     assert "anthropic-version" in recorded.headers
 
 
-def test_stream_accumulates_to_the_non_stream_content(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_stream_accumulates_to_the_non_stream_content(fake: FakeAnthropic, client: Any) -> None:
     reply = AReply(
         text="Let me look at it.",
         thinking="I should read the file",
@@ -87,7 +87,7 @@ def test_stream_accumulates_to_the_non_stream_content(fake: FakeAnthropic, clien
     )
     fake.enqueue(reply, reply)
     plain = create(client, [user("read a.py")], tools=[TOOL])
-    with client.messages.stream(model=MODEL, max_tokens=1024, messages=[user("read a.py")], tools=[TOOL]) as stream:  # type: ignore[arg-type,list-item]
+    with client.messages.stream(model=MODEL, max_tokens=1024, messages=[user("read a.py")], tools=[TOOL]) as stream:
         streamed = stream.get_final_message()
     assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in plain.content]
     assert [b.type for b in plain.content] == ["thinking", "text", "tool_use"]
@@ -116,14 +116,14 @@ def test_stream_event_sequence_and_framing(url: str) -> None:
     assert '"stop_sequence": null' in frames[-3] and '"output_tokens"' in frames[-3]
 
 
-def test_text_stream(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
-    with client.messages.stream(model=MODEL, max_tokens=100, messages=[user("say something")]) as stream:  # type: ignore[list-item]
+def test_text_stream(fake: FakeAnthropic, client: Any) -> None:
+    with client.messages.stream(model=MODEL, max_tokens=100, messages=[user("say something")]) as stream:
         text = "".join(stream.text_stream)
     assert text == "echo: say something"
     assert fake.last.body["stream"] is True
 
 
-def test_tool_use_round_trip(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_tool_use_round_trip(fake: FakeAnthropic, client: Any) -> None:
     fake.enqueue(AReply(tool_uses=[{"name": "read_file", "input": {"path": "a.py"}}]))
     first = create(client, [user("read a.py")], tools=[TOOL])
     use = first.content[0]
@@ -137,22 +137,22 @@ def test_tool_use_round_trip(fake: FakeAnthropic, client: anthropic.Anthropic) -
     assert second.content[0].text == "echo: print(1)"
 
 
-def thinking_history(client: anthropic.Anthropic, fake: FakeAnthropic, system: str) -> list[dict[str, Any]]:
+def thinking_history(client: Any, fake: FakeAnthropic, system: str) -> list[dict[str, Any]]:
     fake.enqueue(AReply(text="4", thinking="two plus two"))
-    with client.messages.stream(model=MODEL, max_tokens=1024, system=system, messages=[user("2+2?")]) as stream:  # type: ignore[list-item]
+    with client.messages.stream(model=MODEL, max_tokens=1024, system=system, messages=[user("2+2?")]) as stream:
         first = stream.get_final_message()
     assert first.content[0].type == "thinking" and first.content[0].signature
     return [user("2+2?"), {"role": "assistant", "content": [b.model_dump() for b in first.content]}, user("and 3+3?")]
 
 
-def test_thinking_replay_with_a_valid_signature_is_accepted(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_thinking_replay_with_a_valid_signature_is_accepted(fake: FakeAnthropic, client: Any) -> None:
     history = thinking_history(client, fake, "billing line")
     # the breakpoint moved onto the replayed message: cache_control does not count in the binding
     history[1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
     assert create(client, history, system="billing line").content[0].text == "echo: and 3+3?"
 
 
-def test_thinking_replay_after_the_system_changed_is_refused(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_thinking_replay_after_the_system_changed_is_refused(fake: FakeAnthropic, client: Any) -> None:
     history = thinking_history(client, fake, "billing line A")
     message = bad_request(client, history, system="billing line B")
     assert message == "messages.1.content.0: thinking block is bound to a different conversation prefix"
@@ -160,7 +160,7 @@ def test_thinking_replay_after_the_system_changed_is_refused(fake: FakeAnthropic
     assert "bound to a different conversation prefix" in bad_request(client, history, system=system_blocks)
 
 
-def test_thinking_drop_block_needs_its_beta(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_thinking_drop_block_needs_its_beta(fake: FakeAnthropic, client: Any) -> None:
     history = thinking_history(client, fake, "billing line A")
     drop = {"type": "enabled", "budget_tokens": 1024, "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
     message = bad_request(client, history, system="billing line B", extra_body={"thinking": drop})
@@ -176,7 +176,7 @@ def test_thinking_drop_block_needs_its_beta(fake: FakeAnthropic, client: anthrop
     assert fake.dropped_thinking == 1
 
 
-def test_thinking_signature_forged_or_text_altered_is_refused(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_thinking_signature_forged_or_text_altered_is_refused(fake: FakeAnthropic, client: Any) -> None:
     history = thinking_history(client, fake, "s")
     history[1]["content"][0]["thinking"] = "two plus two is five"
     assert bad_request(client, history, system="s") == "messages.1.content.0: Invalid `signature` in `thinking` block"
@@ -210,9 +210,7 @@ def test_thinking_signature_forged_or_text_altered_is_refused(fake: FakeAnthropi
         ),
     ],
 )
-def test_a_field_without_its_beta_is_refused(
-    client: anthropic.Anthropic, key: str, kwargs: dict[str, Any], where: str
-) -> None:
+def test_a_field_without_its_beta_is_refused(client: Any, key: str, kwargs: dict[str, Any], where: str) -> None:
     assert bad_request(client, [user("hi")], **kwargs) == f"{where}: Extra inputs are not permitted"
     beta = {"anthropic-beta": f"interleaved-thinking-2025-05-14, {BETA_FOR_FIELD[key]}"}
     assert create(client, [user("hi")], extra_headers=beta, **kwargs).content[0].text == "echo: hi"
@@ -220,7 +218,7 @@ def test_a_field_without_its_beta_is_refused(
     assert create(client, [user("hi")], extra_headers=beta).content[0].text == "echo: hi"
 
 
-def test_more_than_four_cache_controls_are_refused(client: anthropic.Anthropic) -> None:
+def test_more_than_four_cache_controls_are_refused(client: Any) -> None:
     mark = {"type": "ephemeral"}
     system = [
         {"type": "text", "text": "a", "cache_control": mark},
@@ -280,11 +278,17 @@ def test_more_than_four_cache_controls_are_refused(client: anthropic.Anthropic) 
             ],
             "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_7.",
         ),
+        (
+            [user("a"), {"role": "assistant", "content": []}, user("b")],
+            "messages.1: all messages must have non-empty content",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": ""}]}],
+            "messages: text content blocks must be non-empty",
+        ),
     ],
 )
-def test_conversation_shape_is_enforced(
-    client: anthropic.Anthropic, messages: list[dict[str, Any]], expected: str
-) -> None:
+def test_conversation_shape_is_enforced(client: Any, messages: list[dict[str, Any]], expected: str) -> None:
     assert bad_request(client, messages).startswith(expected)
 
 
@@ -308,7 +312,7 @@ def test_headers_and_max_tokens_are_required(fake: FakeAnthropic, url: str) -> N
     assert len(fake.requests) == 4
 
 
-def test_window_and_scripted_errors(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_window_and_scripted_errors(fake: FakeAnthropic, client: Any) -> None:
     fake.window = 50
     message = bad_request(client, [user("word " * 100)])
     assert message.startswith("prompt is too long: ") and message.endswith(" tokens > 50 maximum")
@@ -322,11 +326,11 @@ def test_window_and_scripted_errors(fake: FakeAnthropic, client: anthropic.Anthr
     assert bad_request(client, [user("hi")]) == "prompt is too long: 210000 tokens > 200000 maximum"
 
 
-def test_count_tokens_and_prompt_caching(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_count_tokens_and_prompt_caching(fake: FakeAnthropic, client: Any) -> None:
     mark = {"type": "ephemeral"}
     system = [{"type": "text", "text": "You are a coding agent. " * 40, "cache_control": mark}]
     turn1 = [{"role": "user", "content": [{"type": "text", "text": "first question " * 20, "cache_control": mark}]}]
-    counted = client.messages.count_tokens(model=MODEL, system=system, messages=turn1, tools=[TOOL])  # type: ignore[arg-type]
+    counted = client.messages.count_tokens(model=MODEL, system=system, messages=turn1, tools=[TOOL])
     assert fake.last.path == "/v1/messages/count_tokens"
     first = create(client, turn1, system=system, tools=[TOOL]).usage
     assert first.cache_read_input_tokens == 0 and first.cache_creation_input_tokens == counted.input_tokens
@@ -335,7 +339,7 @@ def test_count_tokens_and_prompt_caching(fake: FakeAnthropic, client: anthropic.
         first.cache_creation is not None
         and first.cache_creation.ephemeral_5m_input_tokens == first.cache_creation_input_tokens
     )
-    turn2 = [
+    turn2: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "text", "text": "first question " * 20}]},
         {"role": "assistant", "content": "answer"},
         {"role": "user", "content": [{"type": "text", "text": "second", "cache_control": mark}]},
@@ -343,16 +347,24 @@ def test_count_tokens_and_prompt_caching(fake: FakeAnthropic, client: anthropic.
     second = create(client, turn2, system=system, tools=[TOOL]).usage
     assert second.cache_read_input_tokens == counted.input_tokens  # the whole first request was repeated
     assert second.cache_creation_input_tokens > 0 and second.input_tokens == 0
-    assert client.messages.count_tokens(model=MODEL, system=system, messages=turn2, tools=[TOOL]).input_tokens == (  # type: ignore[arg-type]
+    assert client.messages.count_tokens(model=MODEL, system=system, messages=turn2, tools=[TOOL]).input_tokens == (
         second.cache_read_input_tokens + second.cache_creation_input_tokens
     )
     changed = [{"type": "text", "text": "Another system", "cache_control": mark}]
     assert create(client, turn2, system=changed, tools=[TOOL]).usage.cache_read_input_tokens == 0
 
 
-def test_default_answers_compaction_and_responder(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
+def test_default_answers_compaction_and_responder(fake: FakeAnthropic, client: Any) -> None:
     prompt = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nWrite <analysis> then <summary>."
     assert create(client, [user(prompt)]).content[0].text == COMPACTION_ANSWER
     fake.responder = lambda body: AReply(text=f"{len(body['messages'])} messages")
     assert create(client, [user("x")]).content[0].text == "1 messages"
     assert "secret fact" in all_text({"system": "sys", "messages": [user("a secret fact")]})
+
+
+def test_an_error_in_the_middle_of_a_stream(fake: FakeAnthropic, client: Any) -> None:
+    fake.enqueue(AReply(status=529, error_message="Overloaded", error_mid_stream=True))
+    with pytest.raises(anthropic.APIStatusError) as caught:  # noqa: SIM117
+        with client.messages.stream(model=MODEL, max_tokens=10, messages=[user("hi")]) as stream:
+            stream.get_final_message()
+    assert "Overloaded" in str(caught.value)
