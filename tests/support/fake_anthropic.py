@@ -23,7 +23,8 @@ It is as strict as the real API where a gateway in front of it can break things;
   ``redacted_thinking`` blocks are accepted whatever their data (the fake never issues them);
 - roles not alternating user/assistant from a user message, a ``tool_use`` not answered by a ``tool_result``
   at the start of the next user message, a ``tool_result`` answering no ``tool_use`` of the message before;
-- no ``max_tokens`` (``/v1/messages``), no ``model`` or ``messages``; an input over ``window`` tokens.
+- no ``max_tokens`` (``/v1/messages``), no ``model`` or ``messages``; a message with empty content (but a final
+  assistant one) or an empty text block; an input over ``window`` tokens (``/v1/messages`` only).
 
 Requests without ``x-api-key`` / ``authorization: Bearer`` get a 401, without ``anthropic-version`` a 400.
 
