@@ -278,19 +278,26 @@ def build_block(candidates: Sequence[Candidate], terms: Sequence[Term], max_toke
     return _assemble(lines) if lines else None
 
 
+Line = tuple[str, int]  # a conversation, and the seq before which its messages are searched
+
+
 async def _search(
-    store: Store, conversation_id: str, before_seq: int, terms: Sequence[Term]
+    store: Store, conversation_id: str, before_seq: int, terms: Sequence[Term], earlier: Sequence[Line] = ()
 ) -> list[tuple[int, int, str, str, float]]:
-    if not terms or before_seq <= 0:
+    """Candidates of the conversation before ``before_seq`` and of the conversations it continues
+    (``earlier``: after a client's own compaction, ``ConversationRecord.continued``)."""
+    if not terms:
         return []
-    try:
-        phrases = [Phrase(term.parts, term.prefix) for term in terms]
-        return await store.search.search_messages(
-            conversation_id, phrases, before_seq, MAX_CANDIDATES, max_chars=MAX_SCAN_CHARS
-        )
-    except Exception as error:  # auto-recall is an aid: a failed search (any store's error) only leaves it out
-        log.warning("auto-recall: the search failed (%s)", type(error).__name__)
-        return []
+    phrases = [Phrase(term.parts, term.prefix) for term in terms]
+    rows: list[tuple[int, int, str, str, float]] = []
+    for line, before in ((conversation_id, before_seq), *earlier):
+        if before <= 0:
+            continue
+        try:
+            rows += await store.search.search_messages(line, phrases, before, MAX_CANDIDATES, max_chars=MAX_SCAN_CHARS)
+        except Exception as error:  # auto-recall is an aid: a failed search (any store's error) only leaves it out
+            log.warning("auto-recall: the search failed (%s)", type(error).__name__)
+    return rows
 
 
 def _large(rows: Sequence[tuple[int, int, str, str, float]]) -> bool:
@@ -313,14 +320,16 @@ def _rank_and_build(
     return build_block(candidates, terms, max_tokens) if candidates else None
 
 
-async def recall_block(store: Store, conversation_id: str, before_seq: int, query: str, max_tokens: int) -> str | None:
+async def recall_block(
+    store: Store, conversation_id: str, before_seq: int, query: str, max_tokens: int, earlier: Sequence[Line] = ()
+) -> str | None:
     """The recalled-history block for ``query`` (the newest user message's text), from messages of
     ``conversation_id`` with seq < before_seq (the ones not forwarded raw), within max_tokens
     (tokens.count_text of the returned string). None when nothing relevant is found or max_tokens is too small."""
     if max_tokens < tokens.count_text(_assemble([])) + MIN_EXCERPT_TOKENS:
         return None
     terms = query_terms(query)
-    rows = await _search(store, conversation_id, before_seq, terms)
+    rows = await _search(store, conversation_id, before_seq, terms, earlier)
     if not rows:
         return None
     if _large(rows):  # rescoring and excerpting are linear, but megabytes of it would stall the event loop
@@ -339,6 +348,7 @@ async def place(
     cap: int,
     dialect: Dialect,
     mask: Callable[[str], str],
+    earlier: Sequence[Line] = (),
 ) -> tuple[list[Message], int, tuple[int, ...]]:
     """``raw`` (the messages forwarded raw, from seq ``first_raw``) with the excerpts matching the newest user
     message placed where they split the least of the prefix the next request shares with this one (provider
@@ -364,12 +374,14 @@ async def place(
     words = outside_stubs(query)
     if words.strip():
         query = words
-    block = await recall_block(store, conversation_id, first_raw, query, cap)
+    block = await recall_block(store, conversation_id, first_raw, query, cap, earlier)
     if block is None:
         return raw, 0, ()
     masked = mask(block)
     if masked != block and tokens.count_text(masked) > cap:
-        smaller = await recall_block(store, conversation_id, first_raw, query, 2 * cap - tokens.count_text(masked) - 8)
+        smaller = await recall_block(
+            store, conversation_id, first_raw, query, 2 * cap - tokens.count_text(masked) - 8, earlier
+        )
         masked = mask(smaller) if smaller is not None else ""
         if not masked or tokens.count_text(masked) > cap:
             return raw, 0, ()

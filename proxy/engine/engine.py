@@ -87,6 +87,9 @@ class Preparation:
         return self.done
 
 
+MAX_CONTINUED = 64  # client compactions one conversation is followed back through (as recall's ancestors)
+
+
 class ContextEngine:
     def __init__(self, store: Store, files: Blobs, settings: LcmSettings) -> None:
         self.store = store
@@ -115,6 +118,7 @@ class ContextEngine:
         model: str | None = None,
         tools_offered: bool = False,
         dialect: Dialect = CHAT,
+        continues: bool = False,
     ) -> Preparation:
         """The fast half of ``prepare``: ingest, the refusal check, and the start of an inline compaction when
         one is needed (``Preparation.compacting``); ``finish`` waits for it and assembles. A streamed request
@@ -133,6 +137,7 @@ class ContextEngine:
             model=model,
             thresholds=Thresholds(sizes.large_file, sizes.tool_result),
             dialect=dialect,
+            continues=continues,
         )
         if ingested.conversation_id is None:
             done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit, dialect=dialect)
@@ -182,7 +187,9 @@ class ContextEngine:
         stubbed = min(conversation.stubbed_upto, count)
         patches = await reads_for(self.store, stubbed - view.upto).patches(conversation.id, view.upto, stubbed)
         compact = {seq: c for seq, _, c in patches if c is not None}
-        if not view.summaries and view.upto == 0 and not compact and view.tokens <= sizes.context:
+        # (A continuation of a client's own compaction is assembled: auto-recall reaches what it continues.)
+        plain = not view.summaries and view.upto == 0 and not compact and not conversation.continued
+        if plain and view.tokens <= sizes.context:
             # Zero-cost continuity: the request's own list, untouched (nothing summarised, nothing stubbed).
             stubs = ingested.messages is not request.messages  # huge payloads were stubbed at ingest
             return Prepared(
@@ -232,10 +239,11 @@ class ContextEngine:
         if block:
             used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
         recalled: tuple[int, ...] = ()
-        if self.settings.auto_recall == "auto" and assembly.first_raw > 0 and sizes.recall > 0:
+        earlier = await self._continued(request.scope, request.conversation)
+        if self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0:
             cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
             raw, recall_tokens, recalled = await auto_recall.place(
-                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled
+                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier
             )
             used += recall_tokens
         prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
@@ -325,6 +333,16 @@ class ContextEngine:
         if view.tokens <= request.sizes.context:
             return SweepReport()
         return await self.sweeps.start(fork.id, summarizer, request.sizes, request.count, "inline")
+
+    async def _continued(self, scope: str, conversation: ConversationRecord) -> list[tuple[str, int]]:
+        """The conversations ``conversation`` continues after its client's own compactions, newest first, each
+        with the number of its messages the continuation follows (all of them stay searchable)."""
+        lines: list[tuple[str, int]] = []
+        record: ConversationRecord | None = conversation
+        while record is not None and record.continued and record.parent_id and len(lines) < MAX_CONTINUED:
+            lines.append((record.parent_id, record.fork_seq or 0))
+            record = await self.store.read.conversation(scope, record.parent_id, deleted=True)
+        return lines
 
     async def _adopt(self, fork_id: str, parent_id: str) -> None:
         """Give a fork without summaries its parent's summaries of the shared prefix (nothing is summarised

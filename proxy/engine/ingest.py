@@ -84,6 +84,7 @@ class Incoming:
     instructions_json: str | None
     model: str | None
     dialect: Dialect
+    continues: bool = False  # the client compacted the transcript itself: it continues the keyed conversation
 
 
 Prepared = dict[int, tuple[Interception, NewMessage]]
@@ -116,9 +117,11 @@ class Ingestor:
         model: str | None = None,
         thresholds: Thresholds | None = None,
         dialect: Dialect = CHAT,
+        continues: bool = False,
     ) -> IngestResult:
         """Store what is new in ``messages`` (of ``dialect``); ``thresholds`` (the request's, scaled to its
-        model's window) decide what is intercepted, by default the ingestor's own."""
+        model's window) decide what is intercepted, by default the ingestor's own. ``continues``: the client
+        replaced its transcript with its own summary (``Incoming.continues``)."""
         instructions, transcript = split_instructions(dialect, messages)
         if not transcript:
             count = count_messages(dialect, messages)
@@ -126,7 +129,7 @@ class Ingestor:
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
         incoming = Incoming(
             scope, transcript, await _chains(scope, transcript, dialect), conversation_key, instructions_json, model,
-            dialect,
+            dialect, continues,
         )  # fmt: skip
         limits = thresholds or self.thresholds
         explorations: dict[str, str] = {}
@@ -269,19 +272,24 @@ class Ingestor:
         conversation_id = new_conversation_id()
         # A fork shares the prefix before the point where it left its parent; with nothing in common
         # (a key sent with an unrelated transcript) there is no lineage, and none must be recorded:
-        # recall reaches into a parent's prefix.
-        parent = conversation.id if conversation is not None and located.common > 0 else None
+        # recall reaches into a parent's prefix. The exception: a transcript the client compacted itself, sent
+        # under its own key, continues that conversation (all of it stays in recall's scope, nothing is copied).
+        continued = incoming.continues and located.client_key and located.common == 0 and conversation is not None
+        parent = conversation.id if conversation is not None and (located.common > 0 or continued) else None
+        assert conversation is not None or parent is None
+        fork_seq = (conversation.message_count if continued else located.common) if conversation else None
         await tx.create_conversation(
             conversation_id,
             incoming.scope,
             external_key=incoming.conversation_key if conversation is None else None,
             parent_id=parent,
-            fork_seq=located.common if parent else None,
+            fork_seq=fork_seq if parent else None,
             instructions_json=incoming.instructions_json,
             dialect=incoming.dialect.name,
+            continued=bool(continued),
         )
         forked_from = None
-        if conversation is not None and parent is not None:
+        if conversation is not None and parent is not None and not continued:
             await self._share_prefix(tx, conversation, conversation_id, located.common)
             forked_from = conversation.id
         # The client's own key follows its current version of the conversation; an id the proxy issued

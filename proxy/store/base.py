@@ -234,6 +234,7 @@ class Writes(Reads, Protocol):
         fork_seq: int | None = None,
         instructions_json: str | None = None,
         dialect: str = "chat",
+        continued: bool = False,
     ) -> None: ...
     async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None: ...
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:

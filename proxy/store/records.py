@@ -24,6 +24,9 @@ class ConversationRecord:
     # every lookup made for a client, holding only what those forks need (``proxy.engine.deletion``).
     deleted_at: float | None = None
     dialect: str = "chat"  # the wire format its messages are stored in (``proxy.dialects``)
+    # It continues its parent after the client compacted the transcript itself (Claude Code, Codex): nothing was
+    # copied, and all of the parent's messages [0, fork_seq) stay in its recall scope.
+    continued: bool = False
 
 
 @dataclass(frozen=True)

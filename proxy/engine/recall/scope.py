@@ -61,6 +61,7 @@ async def resolve_scope(store: Store, owner: str, conversation_id: str, upto: in
         bounds.append((record.id, limit))
         if record.parent_id is None or record.fork_seq is None:
             break
-        limit = min(limit, record.fork_seq)
+        # A continuation (``ConversationRecord.continued``) copied nothing: all it continues stays in scope.
+        limit = record.fork_seq if record.continued else min(limit, record.fork_seq)
         current = record.parent_id
     return Scope(owner, tuple(bounds), dialect)

@@ -220,6 +220,15 @@ migration(
 )
 
 
+migration(
+    "p006_continued_conversations",
+    """
+    -- See proxy.store.sqlite.migrations (m010_continued_conversations).
+    ALTER TABLE lcm.conversations ADD COLUMN continued integer NOT NULL DEFAULT 0;
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

@@ -48,12 +48,24 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
         fork_seq: int | None = None,
         instructions_json: str | None = None,
         dialect: str = "chat",
+        continued: bool = False,
     ) -> None:
         now = time.time()
         await self._run(
             "INSERT INTO lcm.conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at, dialect) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (conversation_id, scope, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
+            " created_at, updated_at, dialect, continued) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                conversation_id,
+                scope,
+                external_key,
+                parent_id,
+                fork_seq,
+                instructions_json,
+                now,
+                now,
+                dialect,
+                int(continued),
+            ),
         )
 
     async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None:

@@ -293,3 +293,13 @@ migration(
     CREATE INDEX ledger_items_open ON ledger_items(conversation_id, seq, id) WHERE superseded_seq IS NULL;
     """,
 )
+
+
+migration(
+    "m010_continued_conversations",
+    """
+    -- 1 when the conversation continues its parent after the client compacted the transcript itself (Claude Code's
+    -- /compact, Codex's): nothing of the parent was copied, and its messages [0, fork_seq) stay in recall's scope.
+    ALTER TABLE conversations ADD COLUMN continued INTEGER NOT NULL DEFAULT 0;
+    """,
+)

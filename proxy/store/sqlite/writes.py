@@ -45,12 +45,24 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
         fork_seq: int | None = None,
         instructions_json: str | None = None,
         dialect: str = "chat",
+        continued: bool = False,
     ) -> None:
         now = time.time()
         await self.conn.execute(
             "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at, dialect) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, scope, external_key, parent_id, fork_seq, instructions_json, now, now, dialect),
+            " created_at, updated_at, dialect, continued) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                scope,
+                external_key,
+                parent_id,
+                fork_seq,
+                instructions_json,
+                now,
+                now,
+                dialect,
+                int(continued),
+            ),
         )
 
     async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None:
