@@ -41,6 +41,7 @@ from proxy.wire.chat import routes
 from proxy.wire.cors import cors_middleware
 from proxy.wire.guard import CloseUnreadBodies, RequestGuard
 from proxy.wire.http import error_response, reported_error
+from proxy.wire.messages.routes import MESSAGES_ROUTES
 from proxy.wire.models import MODEL_ROUTES
 from proxy.wire.passthrough.routes import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
@@ -159,6 +160,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/chat/completions", routes.chat_completions, methods=["POST"]),
+            *MESSAGES_ROUTES,
             *MODEL_ROUTES,
             *ADMIN_ROUTES,
             *PASSTHROUGH_ROUTES,

@@ -25,7 +25,7 @@ import orjson
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
-from proxy.engine import answers, auto_recall, budget
+from proxy.engine import answers, auto_recall, budget, digest
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
@@ -333,6 +333,10 @@ class ContextEngine:
         if view.tokens <= request.sizes.context:
             return SweepReport()
         return await self.sweeps.start(fork.id, summarizer, request.sizes, request.count, "inline")
+
+    async def digest(self, scope: str, conversation_id: str, max_tokens: int) -> str:
+        """A client's own compaction answered from the stored conversation (``proxy.engine.digest``)."""
+        return await digest.digest(self.store, scope, conversation_id, max_tokens)
 
     async def _continued(self, scope: str, conversation: ConversationRecord) -> list[tuple[str, int]]:
         """The conversations ``conversation`` continues after its client's own compactions, newest first, each

@@ -64,6 +64,7 @@ class Call:
     messages: Messages | None = None  # the transcript in ``dialect``; the body's ``messages`` when None
     recall_tools: bool | None = None  # whether the recall tools may be offered; the model's policy when None
     reserved: int = 0  # tokens the door adds to every request besides the transcript (kept instructions)
+    continues: bool = False  # the client compacted its transcript itself (``ContextEngine.begin``)
 
     @property
     def transcript(self) -> Messages:
@@ -95,6 +96,7 @@ class Call:
             model=self.body["model"],
             tools_offered=self.offers_tools(),
             dialect=self.dialect,
+            continues=self.continues,
         )
 
     def after(self, prepared: Prepared | None) -> Callable[[], Awaitable[Any]] | None:

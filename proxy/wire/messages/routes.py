@@ -1,0 +1,367 @@
+"""The Messages door: ``POST /v1/messages`` (stream and not; Claude Code posts ``/v1/messages?beta=true``),
+``POST /v1/messages/count_tokens`` and ``HEAD /api/hello``, for Anthropic's SDKs and Claude Code.
+
+A request is validated (``validation``), named (``claude_code.conversation_key``), prepared by the engine as one
+turn (``proxy.relay.turn``) in the Messages dialect, shaped for the upstream (``shaping``) and sent
+(``calls``). Claude Code's own compaction requests are answered here, from the stored conversation. Every
+failure leaves in Anthropic's error shape; an upstream's error keeps its type and wording.
+
+Streams: the upstream's events are relayed as they come and added up (``answer.Accumulator``) to store the
+answer. When the upstream has not answered within ``PING_AFTER`` seconds (an inline compaction, a local model
+reading a long prompt), the stream starts with the proxy's own ``message_start`` and a ``ping`` every
+``PING_SECONDS`` (Claude Code gives up on a stream silent for 300 s); the upstream's ``message_start`` is then
+not relayed, and its usage joins the final ``message_delta``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy import tokens
+from proxy.dialects import MESSAGES, count_messages
+from proxy.engine.engine import Prepared
+from proxy.engine.errors import ContextTooLong
+from proxy.errors import ContextLengthExceeded, InternalError, ProxyError, UpstreamError
+from proxy.relay.turn import CONVERSATION_HEADER, Call, Record, compacted_retry, prepared_headers
+from proxy.scopes import user_scope
+from proxy.upstream.anthropic import client_headers
+from proxy.wire.auth import request_user
+from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
+from proxy.wire.messages import claude_code
+from proxy.wire.messages.answer import PING, Accumulator, answer_message, event
+from proxy.wire.messages.calls import Events, Opened, complete, open_stream
+from proxy.wire.messages.shaping import engine_transcript, outgoing, with_betas
+from proxy.wire.messages.validation import (
+    anthropic_error,
+    error_response,
+    validate_count_request,
+    validate_messages_request,
+)
+from proxy.wire.streaming import ClosingStream
+
+if TYPE_CHECKING:
+    from proxy.wire.state import AppState
+
+log = logging.getLogger("lcm_proxy.wire")
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+PING_AFTER = 5.0
+PING_SECONDS = 10.0
+DIGEST_TOKENS = 8000  # the most a digest answering a client's compaction takes
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.lcm  # type: ignore[no-any-return]
+
+
+def _worded(error: ProxyError) -> ProxyError:
+    """The proxy's own "too long" refusal worded as Anthropic's, which Claude Code's reactive compaction reads."""
+    if isinstance(error, ContextLengthExceeded) and not error.message.lower().startswith("prompt is too long"):
+        error.message = f"prompt is too long: {error.message}"
+    return error
+
+
+class Turn:
+    """One Messages request between the door and the upstream."""
+
+    def __init__(self, call: Call, native: bool, headers: dict[str, str], reminders: list[dict[str, Any]]) -> None:
+        self.call = call
+        self.native = native  # the deployment speaks Messages (else it gets Chat Completions)
+        self.headers = headers  # the client headers an Anthropic upstream receives
+        self.reminders = reminders
+
+    def shaped(self, prepared: Prepared | None) -> tuple[dict[str, Any], dict[str, str]]:
+        body = self.call.body
+        forwarded = prepared.messages if prepared is not None else engine_transcript(body)
+        out, betas = outgoing(body, forwarded, self.reminders, anthropic=self.native)
+        return out, with_betas(self.headers, betas)
+
+    async def complete(self, prepared: Prepared | None) -> tuple[dict[str, Any], Prepared | None]:
+        state, target = self.call.state, self.call.target
+        try:
+            return await complete(state, target, *self.shaped(prepared), self.native), prepared
+        except UpstreamError as error:
+            retry = await compacted_retry(self.call, prepared, error)
+            if retry is None:
+                raise
+            return await complete(state, target, *self.shaped(retry), self.native), retry
+
+    async def open(self, prepared: Prepared | None) -> tuple[Opened, Prepared | None]:
+        state, target = self.call.state, self.call.target
+        try:
+            return await open_stream(state, target, *self.shaped(prepared), self.native), prepared
+        except UpstreamError as error:
+            retry = await compacted_retry(self.call, prepared, error)
+            if retry is None:
+                raise
+            return await open_stream(state, target, *self.shaped(retry), self.native), retry
+
+
+async def create_message(request: Request) -> Response:
+    state = _state(request)
+    headers: dict[str, str] = {}
+    arrived = time.time()
+    try:
+        tenant = state.auth.tenant_for(request)
+        settings = state.config.general_settings
+        body = validate_messages_request(
+            await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
+        )
+        scope = user_scope(tenant, request_user(request))
+        target = state.router.resolve(body["model"])
+        native = state.upstream.speaks_messages(target)
+        key = claude_code.conversation_key(request.headers)
+        reminders = claude_code.pinned(body["messages"])
+        call = Call(
+            state, scope, target, body, key, arrived, dialect=MESSAGES, messages=engine_transcript(body),
+            recall_tools=False, reserved=sum(tokens.count_text(b["text"]) for b in reminders),
+        )  # fmt: skip
+        call.gone = request.is_disconnected
+        turn = Turn(call, native, client_headers(request.headers) if native else {}, reminders)
+        lcm = state.config.lcm_settings.enabled
+        if lcm and claude_code.is_compaction(request.headers, body) and len(body["messages"]) > 1:
+            return await _answer_compaction(turn, headers)
+        prepared: Prepared | None = None
+        if lcm:
+            await state.upstream.windows.ready(target)
+            call.continues = claude_code.is_continuation(request.headers, body)
+            prepared = await _prepare(call, headers)
+        return await _forward(turn, prepared, headers)
+    except REPORTED as error:
+        return error_response(_worded(to_proxy_error(error)), headers)
+
+
+async def _prepare(call: Call, headers: dict[str, str]) -> Prepared:
+    budget = call.plan()
+    try:
+        prepared = await (await call.begin(budget)).finish()
+    except ContextTooLong as error:
+        if error.conversation_id is not None:
+            headers[CONVERSATION_HEADER] = error.conversation_id
+        raise
+    prepared_headers(prepared, headers)
+    return prepared
+
+
+def _background(call: Call, prepared: Prepared | None) -> BackgroundTask | None:
+    compact = call.after(prepared)
+    return BackgroundTask(compact) if compact is not None else None
+
+
+async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str]) -> Response:
+    call = turn.call
+    state = call.state
+    leave = state.priority.enter(state.priority.key(call.target))
+    if not call.body.get("stream"):
+        try:
+            result, prepared = await turn.complete(prepared)
+        finally:
+            leave()
+        record = call.answer_to(prepared)
+        if record is not None:
+            await record(answer_message(result))
+        return JSONResponse(result, headers=headers, background=_background(call, prepared))
+    opening = asyncio.ensure_future(turn.open(prepared))
+    try:
+        done, _ = await asyncio.wait({opening}, timeout=PING_AFTER)
+    except BaseException:
+        opening.cancel()
+        leave()
+        raise
+    if done:
+        try:
+            opened, prepared = opening.result()
+        except BaseException:
+            leave()
+            raise
+        if prepared is not None:
+            prepared_headers(prepared, headers)
+        body = _relay(opened, call.answer_to(prepared), leave)
+        return _streaming(body, headers, _background(call, prepared))
+    return _streaming(_late(turn, opening, leave), headers, _background(call, prepared))
+
+
+def _streaming(body: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None) -> Response:
+    return ClosingStream(
+        body, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
+    )
+
+
+async def _pinged(events: Events) -> AsyncIterator[tuple[bytes, dict[str, Any] | None]]:
+    """The events, with a ``ping`` (and None for its event) whenever the upstream is silent ``PING_SECONDS``."""
+    source = aiter(events)
+    while True:
+        step = asyncio.ensure_future(anext(source))
+        try:
+            while not (await asyncio.wait({step}, timeout=PING_SECONDS))[0]:
+                yield PING, None
+        except BaseException:
+            step.cancel()
+            raise
+        try:
+            yield step.result()
+        except StopAsyncIteration:
+            return
+
+
+async def _relay(
+    opened: Opened, record: Record | None, leave: Callable[[], None], skip_start: bool = False
+) -> AsyncIterator[bytes]:
+    """The upstream's events as they came; the answer stored once the stream reached ``message_stop``."""
+    answer = Accumulator()
+    started: dict[str, Any] = {}
+    try:
+        async for raw, data in _pinged(opened.events):
+            if data is None:
+                yield raw
+                continue
+            answer.feed(data)
+            if skip_start and data.get("type") == "message_start":
+                started = (data.get("message") or {}).get("usage") or {}
+                continue
+            if skip_start and data.get("type") == "message_delta" and started:
+                usage = {**{k: v for k, v in started.items() if k != "output_tokens"}, **(data.get("usage") or {})}
+                raw = event({**data, "usage": usage})
+            yield raw
+        if answer.complete and record is not None:
+            await record(answer.message())
+    except REPORTED as error:
+        yield event(anthropic_error(_worded(to_proxy_error(error))))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unexpected error while relaying a Messages stream")
+        yield event(anthropic_error(InternalError("Internal error in lcm-proxy while streaming.")))
+    finally:
+        try:
+            await opened.close()
+        finally:
+            leave()
+
+
+def _message_start(model: str) -> bytes:
+    usage = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    message: dict[str, Any] = {
+        "id": "msg_lcm_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model,
+        "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage,
+    }  # fmt: skip
+    return event({"type": "message_start", "message": message})
+
+
+async def _late(
+    turn: Turn, opening: Awaitable[tuple[Opened, Prepared | None]], leave: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """A stream whose upstream was slow to answer: the proxy's ``message_start``, pings, then the upstream's."""
+    task = asyncio.ensure_future(opening)
+    relayed = False
+    try:
+        yield _message_start(turn.call.body["model"])
+        while not (await asyncio.wait({task}, timeout=PING_SECONDS))[0]:
+            yield PING
+        opened, prepared = task.result()
+        relayed = True
+        async for chunk in _relay(opened, turn.call.answer_to(prepared), leave, skip_start=True):
+            yield chunk
+    except REPORTED as error:
+        yield event(anthropic_error(_worded(to_proxy_error(error))))
+    finally:
+        task.cancel()
+        if not relayed:
+            leave()
+
+
+# --- Claude Code's own compaction ------------------------------------------------------------------------
+
+
+async def _answer_compaction(turn: Turn, headers: dict[str, str]) -> Response:
+    """Answer Claude Code's request for a summary from the stored conversation, with no model call. The
+    conversation is brought up to date first (its compaction prompt is not part of it)."""
+    call = turn.call
+    earlier = {**call.body, "messages": call.body["messages"][:-1]}
+    call.messages = engine_transcript(earlier)
+    prepared = await _prepare(call, headers)
+    if prepared.conversation_id is None:
+        return await _forward(turn, prepared, headers)
+    room = min(int(call.body["max_tokens"]), DIGEST_TOKENS)
+    digest = await call.state.engine.digest(call.scope, prepared.conversation_id, room)
+    text = (
+        "<analysis>\nlcm-proxy answered this compaction from the conversation it stores; nothing of it is lost."
+        f"\n</analysis>\n\n<summary>\n{digest}\n</summary>"
+    )
+    output = tokens.count_text(text)
+    usage = {
+        "input_tokens": prepared.tokens_forwarded, "output_tokens": output, "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+    }  # fmt: skip
+    message = {
+        "id": "msg_lcm_" + secrets.token_hex(12), "type": "message", "role": "assistant",
+        "model": call.body["model"], "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": usage,
+    }  # fmt: skip
+    headers["x-lcm-client-compaction"] = "answered"
+    background = _background(call, prepared)
+    if not call.body.get("stream"):
+        return JSONResponse(message, headers=headers, background=background)
+    return _streaming(_events_of(message), headers, background)
+
+
+async def _events_of(message: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A whole text answer as a Messages stream."""
+    start = {**message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 1}}
+    yield event({"type": "message_start", "message": start})
+    for index, block in enumerate(message["content"]):
+        yield event({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+        delta = {"type": "text_delta", "text": block["text"]}
+        yield event({"type": "content_block_delta", "index": index, "delta": delta})
+        yield event({"type": "content_block_stop", "index": index})
+    usage = {k: v for k, v in message["usage"].items() if k != "cache_creation"}
+    stop = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    yield event({"type": "message_delta", "delta": stop, "usage": usage})
+    yield event({"type": "message_stop"})
+
+
+# --- count_tokens and the probe ---------------------------------------------------------------------------
+
+
+async def count_tokens(request: Request) -> Response:
+    """What the proxy would forward, at most: the request's count, within the model's budget (the proxy keeps
+    every forwarded context within it, so a client's meter never reaches a window the proxy keeps it under)."""
+    state = _state(request)
+    try:
+        state.auth.tenant_for(request)
+        settings = state.config.general_settings
+        body = validate_count_request(
+            await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
+        )
+        target = state.router.resolve(body["model"])
+        counted = count_messages(MESSAGES, engine_transcript(body))
+        budget = state.policy.budget_for(target, body)
+        counted += budget.tools
+        if state.config.lcm_settings.enabled:
+            counted = min(counted, budget.counted_room)
+        return JSONResponse({"input_tokens": counted})
+    except REPORTED as error:
+        return error_response(to_proxy_error(error))
+
+
+async def hello(request: Request) -> Response:
+    """Claude Code's warm-up probe."""
+    return Response(status_code=200)
+
+
+MESSAGES_ROUTES = [
+    Route("/v1/messages", create_message, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/api/hello", hello, methods=["HEAD", "GET"]),
+]
