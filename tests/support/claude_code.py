@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,7 @@ def sse_message(answer: str | dict[str, Any], model: str = MODEL, input_tokens: 
         "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
     }
     message: dict[str, Any] = {
-        "id": "msg_fake01",
+        "id": f"msg_{uuid.uuid4().hex[:24]}",  # unique: Claude Code merges blocks of one message id
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -192,7 +193,7 @@ def sse_message(answer: str | dict[str, Any], model: str = MODEL, input_tokens: 
         delta = {"type": "text_delta", "text": answer}
         stop = "end_turn"
     else:
-        block = {"type": "tool_use", "id": "toolu_fake01", "name": answer["name"], "input": {}}
+        block = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": answer["name"], "input": {}}
         delta = {"type": "input_json_delta", "partial_json": json.dumps(answer["input"])}
         stop = "tool_use"
     events.append(_sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}))
