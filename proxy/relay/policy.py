@@ -177,11 +177,12 @@ class ModelPolicy:
 
     # The budget
 
-    def budget_for(self, target: ResolvedModel, body: dict[str, Any]) -> Budget:
-        """Window, output reserve and tool schemas, each with the setting it came from."""
+    def budget_for(self, target: ResolvedModel, body: dict[str, Any], recall_tools: bool | None = None) -> Budget:
+        """Window, output reserve and tool schemas, each with the setting it came from. ``recall_tools``: whether
+        the door may offer the recall tools (the model's policy when None)."""
         # Legacy ``functions`` reach the model just as ``tools`` do.
         tools = sum(count_text(orjson.dumps(body[k]).decode()) for k in ("tools", "functions") if body.get(k))
-        if self.offers_recall_tools(target):
+        if self.offers_recall_tools(target) if recall_tools is None else recall_tools:
             # Reserved even on requests that do not offer them yet: they appear on the first request with a
             # summary or a stub, and a budget that shrank at that moment could tip it over the window.
             tools += recall_tool_tokens()

@@ -78,7 +78,7 @@ class Call:
 
     def fresh_budget(self) -> Budget:
         """The request's budget as the model's policy gives it now (a refusal may have taught it a window)."""
-        budget = self.state.policy.budget_for(self.target, self.body)
+        budget = self.state.policy.budget_for(self.target, self.body, self.recall_tools)
         return replace(budget, tools=budget.tools + self.reserved) if self.reserved else budget
 
     def offers_tools(self) -> bool:

@@ -88,17 +88,20 @@ def is_continuation(headers: Mapping[str, str], body: dict[str, Any]) -> bool:
 
 
 def pinned(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``<system-reminder>`` text blocks that open the first user message (Claude Code's CLAUDE.md and
-    standing context): instructions, forwarded on every request."""
-    first = next((m for m in messages if m.get("role") == "user"), None)
-    content = first.get("content") if first is not None else None
-    if not isinstance(content, list):
-        return []
-    out = []
-    for block in content:
-        if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
-            break
-        if not block["text"].lstrip().startswith(REMINDER):
-            break
-        out.append(block)
-    return out
+    """The ``<system-reminder>`` text blocks that open the first user message holding any (Claude Code's CLAUDE.md
+    and standing context; after its own compaction they open the third message, after its summary and the last
+    answer it kept): instructions, forwarded on every request."""
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            continue
+        out = []
+        for block in content:
+            if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
+                break
+            if not block["text"].lstrip().startswith(REMINDER):
+                break
+            out.append(block)
+        if out:
+            return out
+    return []

@@ -346,7 +346,7 @@ async def count_tokens(request: Request) -> Response:
         )
         target = state.router.resolve(body["model"])
         counted = count_messages(MESSAGES, engine_transcript(body))
-        budget = state.policy.budget_for(target, body)
+        budget = state.policy.budget_for(target, body, recall_tools=False)
         counted += budget.tools
         if state.config.lcm_settings.enabled:
             counted = min(counted, budget.counted_room)
