@@ -29,6 +29,24 @@ from proxy.dialects.base import Path, Site, ToolCall
 from proxy.types import Message
 
 REASONING_BLOCKS = ("thinking", "redacted_thinking")
+REMINDER_OPEN, REMINDER_CLOSE = "<system-reminder>", "</system-reminder>"
+
+
+def without_reminders(text: str) -> str:
+    """``text`` without its ``<system-reminder>`` spans: Claude Code's own context (CLAUDE.md, the date, token
+    counts, tool lists), repeated in every session and appended to tool results. The door forwards the leading
+    ones verbatim as instructions; for summaries and search they are noise that would crowd out the
+    conversation. Linear: one scan with ``str.find``; an unclosed span runs to the end."""
+    if REMINDER_OPEN not in text:
+        return text
+    out: list[str] = []
+    at = 0
+    while (start := text.find(REMINDER_OPEN, at)) >= 0:
+        out.append(text[at:start])
+        end = text.find(REMINDER_CLOSE, start)
+        at = len(text) if end < 0 else end + len(REMINDER_CLOSE)
+    out.append(text[at:])
+    return "".join(out).strip()
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:
@@ -38,9 +56,10 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
 
 def _result_text(content: Any) -> str:
     if isinstance(content, str):
-        return content
+        return without_reminders(content)
     if isinstance(content, list):
-        return "\n".join(b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+        texts = (b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+        return "\n".join(without_reminders(t) for t in texts)
     return ""
 
 
@@ -119,12 +138,12 @@ class MessagesDialect:
     def text(self, message: Message) -> str:
         content = message.get("content")
         if isinstance(content, str):
-            return content
+            return without_reminders(content)
         pieces: list[str] = []
         for block in _blocks(message):
             kind = block.get("type")
             if kind == "text" and isinstance(block.get("text"), str):
-                pieces.append(block["text"])
+                pieces.append(without_reminders(block["text"]))
             elif kind == "tool_result":
                 pieces.append(_result_text(block.get("content")))
             elif kind == "image":
@@ -135,10 +154,10 @@ class MessagesDialect:
 
     def search_text(self, message: Message) -> list[str]:
         content = message.get("content")
-        parts = [content] if isinstance(content, str) else []
+        parts = [without_reminders(content)] if isinstance(content, str) else []
         for block in _blocks(message):
             if block.get("type") == "text" and isinstance(block.get("text"), str):
-                parts.append(block["text"])
+                parts.append(without_reminders(block["text"]))
             elif block.get("type") == "tool_result":
                 parts.append(_result_text(block.get("content")))
         return parts + [f"{c.name}({c.arguments})" for c in self.tool_calls(message)]

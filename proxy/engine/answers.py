@@ -50,7 +50,7 @@ async def record_answer(
     previous = tip_chain if length > 0 else chain_root(scope, dialect.name)
     if previous is None:
         return False
-    chain = chain_next(previous, answer)  # ``answer`` is a message of ``dialect``, as the client will send it
+    chain = chain_next(previous, answer, dialect.name)  # ``answer`` is a message of ``dialect``, as the client sends it
     store = ingestor.store
     current = await store.read.conversation(scope, conversation_id)
     if current is None or current.message_count not in (length, length + 1):

@@ -3,7 +3,11 @@
 Clients re-send the whole transcript on every request, but not byte for byte: key order changes, and empty
 optional fields (``refusal: null``, ``tool_calls: []``, ``name: null``, ``content: ""`` beside tool calls)
 come and go between SDK versions and frameworks. Identity therefore hashes a canonical form that drops
-empty values and sorts keys; the stored message keeps the client's original JSON.
+empty values and sorts keys; the stored message keeps the client's original JSON. In the formats other than
+chat the form also drops ``cache_control``: Claude Code moves its breakpoint to the newest message on every
+request and takes it off the one before, which is otherwise the same message (chat's hashes are what they were).
+In Messages, content that is one plain text block is the same as that text as a string (Claude Code sends a
+message one way and replays it the other).
 
 Each message's *chain hash* covers the scope (a tenant, or an end user within it) and every message before
 it, so one indexed lookup answers "does any conversation of this scope start with exactly these k messages?"
@@ -36,10 +40,28 @@ def canonical(value: Any) -> Any:
     return value
 
 
-def canonical_bytes(message: Message) -> bytes:
+HINTS = "cache_control"  # a transport hint, not content: left out of the canonical form of non-chat formats
+
+
+def _without_hints(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_hints(v) for k, v in value.items() if k != HINTS}
+    if isinstance(value, list):
+        return [_without_hints(v) for v in value]
+    return value
+
+
+def canonical_bytes(message: Message, dialect: str = dialects.CHAT.name) -> bytes:
     # Fast path for the common shape (only non-empty strings, e.g. role + content): already canonical.
     if all(type(v) is str and v for v in message.values()):
         return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    if dialect != dialects.CHAT.name:
+        message = _without_hints(message)
+        content = message.get("content")
+        if dialect == dialects.MESSAGES.name and isinstance(content, list) and len(content) == 1:
+            block = content[0]
+            if isinstance(block, dict) and block.keys() == {"type", "text"} and block["type"] == "text":
+                message = {**message, "content": block["text"]}
     return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
 
 
@@ -54,9 +76,10 @@ def chain_root(scope: str, dialect: str = dialects.CHAT.name) -> str:
     return hashlib.sha256(seed).hexdigest()[:32]
 
 
-def chain_next(previous: str, message: Message) -> str:
-    """The chain hash of ``message`` after the prefix whose chain hash is ``previous``."""
-    return hashlib.sha256(previous.encode() + canonical_bytes(message)).hexdigest()[:32]
+def chain_next(previous: str, message: Message, dialect: str = dialects.CHAT.name) -> str:
+    """The chain hash of ``message`` (of wire format ``dialect``) after the prefix whose chain hash is
+    ``previous``."""
+    return hashlib.sha256(previous.encode() + canonical_bytes(message, dialect)).hexdigest()[:32]
 
 
 def chain_hashes(scope: str, messages: Messages, dialect: str = dialects.CHAT.name) -> list[str]:
@@ -64,7 +87,7 @@ def chain_hashes(scope: str, messages: Messages, dialect: str = dialects.CHAT.na
     previous = chain_root(scope, dialect)
     out: list[str] = []
     for message in messages:
-        previous = chain_next(previous, message)
+        previous = chain_next(previous, message, dialect)
         out.append(previous)
     return out
 

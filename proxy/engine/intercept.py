@@ -89,11 +89,19 @@ def file_id_for(scope: str, data: bytes, name: str = "", mime: str = "") -> str:
 
 
 def apply_patches(message: Message, patches: list[tuple[Path, str]]) -> Message:
+    """``message`` with the stored stubs in place. Identity takes a string content and one text block holding
+    it for the same message (``proxy.engine.canonical``), and a client may send it either way: patches stored
+    for the block apply to the string once it is spelled as that block."""
     if not patches:
         return message
     out = copy.deepcopy(message)
-    for path, value in patches:
-        _set(out, path, value)
+    if isinstance(out.get("content"), str) and any(p[:2] == ["content", 0] for p, _ in patches):
+        out["content"] = [{"type": "text", "text": out["content"]}]
+    try:
+        for path, value in patches:
+            _set(out, path, value)
+    except (KeyError, IndexError, TypeError):
+        return message  # another shape than the stored one: forwarded as the client sent it
     return out
 
 
