@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -16,12 +17,17 @@ if TYPE_CHECKING:
 
 
 async def list_models(request: Request) -> Response:
+    """OpenAI's list; Anthropic's (``data[].id``, ``display_name``) to a client that sends ``anthropic-version``
+    (Claude Code with ``CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY=1``)."""
     state: AppState = request.app.state.lcm
     state.auth.tenant_for(request)  # an AuthenticationError is answered by the application's handler
-    data = [
-        {"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"}
-        for name in state.router.public_names()
-    ]
+    names = state.router.public_names()
+    if "anthropic-version" in request.headers:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at))
+        models = [{"type": "model", "id": n, "display_name": n, "created_at": created} for n in names]
+        first, last = (names[0], names[-1]) if names else (None, None)
+        return JSONResponse({"data": models, "has_more": False, "first_id": first, "last_id": last})
+    data = [{"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"} for name in names]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -155,3 +155,16 @@ def test_a_malformed_request_is_a_400_in_anthropic_shape_naming_the_parameter(
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert error["error"]["message"].startswith(param)
     assert fake_anthropic.requests == []
+
+
+def test_the_model_list_speaks_anthropic_to_an_anthropic_client(claude_proxy: Any) -> None:
+    names = [m.id for m in client(claude_proxy).models.list()]
+    assert "claude-sonnet-4-5" in names and "local-claude" in names
+    page = client(claude_proxy).models.list()
+    assert all(m.display_name for m in page.data)
+
+
+def test_the_warm_up_probe_is_answered(claude_proxy: Any) -> None:
+    import httpx
+
+    assert httpx.head(f"{claude_proxy.url}/api/hello").status_code == 200

@@ -1,0 +1,88 @@
+"""Anthropic's rules after the proxy compacted, against the strict fake (which refuses what the real API
+refuses): thinking blocks whose prefix changed are not replayed as they were, the newest tool loop's are
+dropped by the API at the proxy's request (with the beta that goes with it), at most four cache breakpoints with
+one after the summary, and Claude Code's ``context_management`` edits reach the API with their beta."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+from tests.support.fake_anthropic import AReply, FakeAnthropic
+from tests.wire.messages.conftest import claude_models
+
+THINKING = {"type": "enabled", "budget_tokens": 1024}
+BETAS = "interleaved-thinking-2025-05-14,context-management-2025-06-27"
+
+
+def _long_session(proxy: Any, fake: FakeAnthropic, turns: int) -> tuple[anthropic.Anthropic, list[dict[str, Any]]]:
+    sdk = anthropic.Anthropic(base_url=proxy.url, api_key="sk-client", max_retries=0)
+    messages: list[dict[str, Any]] = []
+
+    def reply(body: dict[str, Any]) -> AReply:  # the session's turns think; the proxy's summariser calls do not
+        return (
+            AReply(thinking="Thinking about it.", text="Answer.") if body.get("thinking") else AReply(text="A summary.")
+        )
+
+    fake.responder = reply
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Turn {i}: " + "notes about the cache layer " * 40})
+        answer = sdk.messages.create(
+            model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, messages=messages,
+            extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
+            extra_body={"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+        )  # fmt: skip
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]})
+    return sdk, messages
+
+
+def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
+    proxy_factory: Any,
+    fake_anthropic_server: tuple[FakeAnthropic, str],
+    fake_anthropic: FakeAnthropic,
+    upstream_url: str,
+) -> None:
+    proxy = proxy_factory(
+        lcm={"fresh_tail_count": 4, "leaf_chunk_tokens": 600},
+        models=claude_models(fake_anthropic_server[1], upstream_url, window=2_400),
+    )
+    sdk, messages = _long_session(proxy, fake_anthropic, 10)
+    turns = [r for r in fake_anthropic.requests if r.body.get("thinking")]
+    assert len(turns) == 10  # every turn was answered: the fake refused no replayed thinking block
+    compacted = [r for r in turns if "<summary" in str(r.body["messages"][0])]
+    assert compacted, "the proxy compacted the session"
+    for request in compacted:
+        assert request.headers["anthropic-beta"].startswith(BETAS)  # the client's list, verbatim, first
+        assert request.body["context_management"] == {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+        first = request.body["messages"][0]
+        assert first["role"] == "user"
+        assert (
+            sum("cache_control" in b for m in request.body["messages"] for b in m["content"] if isinstance(b, dict))
+            <= 4
+        )
+
+    # A tool loop after the compaction: its thinking block goes back with the call; the API drops it (its prefix
+    # changed) because the proxy asked, with the beta that makes the field valid.
+    tool = {"name": "read", "description": "read a file", "input_schema": {"type": "object"}}
+    messages.append({"role": "user", "content": "read the notes"})
+    fake_anthropic.responder = None
+    fake_anthropic.enqueue(
+        AReply(thinking="I should read.", tool_uses=[{"id": "toolu_9", "name": "read", "input": {}}])
+    )
+    call = sdk.messages.create(
+        model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, tools=[tool], messages=messages,
+        extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
+    )  # fmt: skip
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in call.content]})
+    messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "ok"}]})
+    fake_anthropic.enqueue(AReply(text="Done reading."))
+    done = sdk.messages.create(
+        model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, tools=[tool], messages=messages,
+        extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
+    )  # fmt: skip
+    assert done.content[0].text == "Done reading."
+    sent = fake_anthropic.last
+    assert sent.body["thinking"]["block_binding"] == {"prefix_mismatch_behavior": "drop_block"}
+    assert "thinking-binding-controls-2026-08-01" in sent.headers["anthropic-beta"]
+    assert fake_anthropic.dropped_thinking >= 1
