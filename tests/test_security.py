@@ -363,8 +363,14 @@ def test_every_route_but_healthz_requires_a_valid_key(
             path = template.replace("{id}", world.alice.conversation)
             body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
             response = client.request(method, path, headers=headers, json=body if method == "POST" else None)
-            error = assert_openai_error(response, 401)
-            assert error["type"] == "authentication_error" and error["code"] == code, (template, error)
+            if template.startswith("/v1/messages") or template == "/api/hello":  # Anthropic's error shape
+                assert response.status_code == 401, template
+                if method != "HEAD":
+                    error = response.json()["error"]
+                    assert response.json()["type"] == "error" and error["type"] == "authentication_error", error
+            else:
+                error = assert_openai_error(response, 401)
+                assert error["type"] == "authentication_error" and error["code"] == code, (template, error)
             assert response.headers["x-should-retry"] == "false"
             presented = headers.get("authorization", headers.get("x-api-key", "")).partition(" ")[2] or "-"
             for secret in (presented, ALICE_KEY, BOB_KEY, *world.alice.leaks()):

@@ -35,15 +35,22 @@ async def complete(
 
 
 async def open_stream(
-    state: Services, target: ResolvedModel, body: dict[str, Any], headers: dict[str, str], native: bool
+    state: Services,
+    target: ResolvedModel,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    native: bool,
+    input_tokens: int = 0,
 ) -> Opened:
-    """Open the upstream's stream (its first event read, so an early failure raises here)."""
+    """Open the upstream's stream (its first event read, so an early failure raises here). ``input_tokens``: the
+    proxy's count of what it forwards, for a translated stream's ``message_start`` (a Chat Completions stream
+    reports its usage only at its end, and Claude Code reads the context's size from ``message_start``)."""
     if native:
         stream = await state.upstream.open_messages_stream(target, body, headers)
         first = await _first(stream)
         return Opened(_native(stream, first), stream.aclose)
     chat = await state.upstream.open_stream(target, {**messages_to_chat(body), "stream": True})
-    return Opened(_translated(chat, body["model"]), chat.aclose)
+    return Opened(_translated(chat, body["model"], input_tokens), chat.aclose)
 
 
 async def _first(stream: MessagesStream) -> Any:
@@ -61,8 +68,8 @@ async def _native(stream: MessagesStream, first: Any) -> Events:
         event = await stream.next_event()
 
 
-async def _translated(chunks: Any, model: str) -> Events:
-    translator = ChatToMessagesStream(model)
+async def _translated(chunks: Any, model: str, input_tokens: int) -> Events:
+    translator = ChatToMessagesStream(model, input_tokens=input_tokens)
     async for chunk in chunks:
         for event in translator.feed(chunk):
             yield sse_bytes(event), event

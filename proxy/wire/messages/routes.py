@@ -96,15 +96,21 @@ class Turn:
                 raise
             return await complete(state, target, *self.shaped(retry), self.native), retry
 
+    def _input(self, prepared: Prepared | None) -> int:
+        budget = self.call.budget
+        return (prepared.tokens_forwarded if prepared else 0) + (budget.tools if budget else 0)
+
     async def open(self, prepared: Prepared | None) -> tuple[Opened, Prepared | None]:
         state, target = self.call.state, self.call.target
         try:
-            return await open_stream(state, target, *self.shaped(prepared), self.native), prepared
+            return await open_stream(
+                state, target, *self.shaped(prepared), self.native, self._input(prepared)
+            ), prepared
         except UpstreamError as error:
             retry = await compacted_retry(self.call, prepared, error)
             if retry is None:
                 raise
-            return await open_stream(state, target, *self.shaped(retry), self.native), retry
+            return await open_stream(state, target, *self.shaped(retry), self.native, self._input(retry)), retry
 
 
 async def create_message(request: Request) -> Response:
@@ -356,7 +362,11 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def hello(request: Request) -> Response:
-    """Claude Code's warm-up probe."""
+    """Claude Code's warm-up probe: an empty 200 to a caller with a valid key."""
+    try:
+        _state(request).auth.tenant_for(request)
+    except REPORTED as error:
+        return error_response(to_proxy_error(error))
     return Response(status_code=200)
 
 

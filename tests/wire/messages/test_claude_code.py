@@ -107,3 +107,57 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
     assert RULE in last
     rows = _conversations(proxy)
     assert any(c[2] for c in rows), rows  # the continuation is linked to what it continues
+
+
+@pytest.mark.parametrize("model", ["claude-sonnet-4-5"])
+def test_claude_codes_auto_compaction_is_answered_by_the_proxy_and_loses_nothing(
+    proxy_factory: Any,
+    fake_anthropic_server: tuple[FakeAnthropic, str],
+    fake_anthropic: FakeAnthropic,
+    fake_upstream: FakeUpstream,
+    upstream_url: str,
+    tmp_path: Path,
+    model: str,
+) -> None:
+    """The upstream reports a context near the window Claude Code assumes (CLAUDE_CODE_AUTO_COMPACT_WINDOW), so
+    it compacts on its own before the next turn, with the gateway hint headers on. Native only: a translated
+    stream's ``message_start`` carries the proxy's own count of what it forwards, which is what Claude Code reads
+    (and what keeps it from compacting while the proxy keeps the context within the window)."""
+    claude = require_claude()
+    proxy = proxy_factory(models=claude_models(fake_anthropic_server[1], upstream_url))
+    home, cwd = _project(tmp_path)
+    full = {"big": False}
+
+    def anthropic_reply(body: dict[str, Any]) -> AReply:
+        return AReply(text="Noté.", usage={"input_tokens": 150_000} if full["big"] else None)
+
+    def chat_reply(body: dict[str, Any]) -> Reply:
+        reply = Reply(content="Noté.")
+        if full["big"]:
+            reply.usage = {"prompt_tokens": 150_000, "completion_tokens": 3, "total_tokens": 150_003}
+        return reply
+
+    fake_anthropic.responder = anthropic_reply
+    fake_upstream.responder = chat_reply
+    env = {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
+
+    def turn(prompt: str, *more: str) -> None:
+        done = run_claude(claude, proxy.url, prompt, home=home, cwd=cwd, extra_env=env, args=["--model", model, *more])
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.result is not None and not done.result.get("is_error"), done.stdout[-2000:]
+
+    turn(f"Remember this: {FACT}")
+    full["big"] = True
+    turn("Note also that the staging cluster is called heron.", "--continue")
+    full["big"] = False
+    turn("What is the deploy key id I gave you at the very start?", "--continue")
+    seen = fake_anthropic.requests if model == "claude-sonnet-4-5" else fake_upstream.requests
+    turns = [r.body for r in seen if r.body.get("tools")]
+    compacting = [b for b in turns if "CRITICAL: Respond with TEXT ONLY" in str(b["messages"][-1])]
+    assert compacting == []  # the proxy answered Claude Code's compaction itself: no model call
+    rows = _conversations(proxy)
+    assert any(c[2] for c in rows), rows  # Claude Code compacted, and its continuation is linked
+    newest = turns[-1]
+    text = all_text(newest) if model == "claude-sonnet-4-5" else str(newest["messages"])
+    assert "KX-4471-ZEBRA" in text
+    assert RULE in text
