@@ -61,6 +61,11 @@ class LcmSettings(Strict):
     # Background summaries give way to chat requests on the same upstream: auto = servers on this machine
     # (loopback api_base, e.g. llama.cpp with one slot), always, or never.
     background_yields: Literal["auto", "always", "never"] = "auto"
+    # The input tokens the Messages door reports (usage, count_tokens): "forwarded", what the model was sent, so
+    # Claude Code's meter shows the compacted context and its own auto-compaction does not fire while the proxy
+    # keeps the context within the window; "client", what the client sent, so it compacts as it would without
+    # the proxy (the proxy then answers that compaction from what it stores).
+    client_usage: Literal["forwarded", "client"] = "forwarded"
     max_tool_rounds: int = Field(default=6, ge=1, le=50)
     max_sweep_iterations: int = Field(default=24, ge=1)  # passes per sweep (each one summarizer call at most)
     sweep_deadline_seconds: float = Field(default=300.0, gt=0)

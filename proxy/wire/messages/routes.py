@@ -19,7 +19,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.background import BackgroundTask
@@ -31,44 +31,30 @@ from proxy import tokens
 from proxy.dialects import MESSAGES, count_messages
 from proxy.engine.engine import Prepared
 from proxy.engine.errors import ContextTooLong
-from proxy.errors import ContextLengthExceeded, InternalError, ProxyError, UpstreamError
-from proxy.relay.turn import CONVERSATION_HEADER, Call, Record, compacted_retry, prepared_headers
+from proxy.errors import UpstreamError
+from proxy.relay.turn import CONVERSATION_HEADER, Call, compacted_retry, prepared_headers
 from proxy.scopes import user_scope
 from proxy.upstream.anthropic import client_headers
 from proxy.wire.auth import request_user
 from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
 from proxy.wire.messages import claude_code
-from proxy.wire.messages.answer import PING, Accumulator, answer_message, event
-from proxy.wire.messages.calls import Events, Opened, complete, open_stream
+from proxy.wire.messages.answer import answer_message, event
+from proxy.wire.messages.calls import Opened, complete, open_stream
 from proxy.wire.messages.shaping import engine_transcript, outgoing, with_betas
-from proxy.wire.messages.validation import (
-    anthropic_error,
-    error_response,
-    validate_count_request,
-    validate_messages_request,
-)
-from proxy.wire.streaming import ClosingStream
+from proxy.wire.messages.stream import late, relay, streaming, with_usage_shift
+from proxy.wire.messages.validation import error_response, validate_count_request, validate_messages_request, worded
 
 if TYPE_CHECKING:
     from proxy.wire.state import AppState
 
 log = logging.getLogger("lcm_proxy.wire")
 
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 PING_AFTER = 5.0
-PING_SECONDS = 10.0
 DIGEST_TOKENS = 8000  # the most a digest answering a client's compaction takes
 
 
 def _state(request: Request) -> AppState:
     return request.app.state.lcm  # type: ignore[no-any-return]
-
-
-def _worded(error: ProxyError) -> ProxyError:
-    """The proxy's own "too long" refusal worded as Anthropic's, which Claude Code's reactive compaction reads."""
-    if isinstance(error, ContextLengthExceeded) and not error.message.lower().startswith("prompt is too long"):
-        error.message = f"prompt is too long: {error.message}"
-    return error
 
 
 class Turn:
@@ -79,6 +65,12 @@ class Turn:
         self.native = native  # the deployment speaks Messages (else it gets Chat Completions)
         self.headers = headers  # the client headers an Anthropic upstream receives
         self.reminders = reminders
+
+    def shift(self, prepared: Prepared | None) -> int:
+        """What ``client_usage: client`` adds to the reported input tokens: what the proxy left out."""
+        if prepared is None or self.call.state.config.lcm_settings.client_usage != "client":
+            return 0
+        return max(0, prepared.tokens_sent - prepared.tokens_forwarded)
 
     def shaped(self, prepared: Prepared | None) -> tuple[dict[str, Any], dict[str, str]]:
         body = self.call.body
@@ -144,7 +136,7 @@ async def create_message(request: Request) -> Response:
             prepared = await _prepare(call, headers)
         return await _forward(turn, prepared, headers)
     except REPORTED as error:
-        return error_response(_worded(to_proxy_error(error)), headers)
+        return error_response(worded(to_proxy_error(error)), headers)
 
 
 async def _prepare(call: Call, headers: dict[str, str]) -> Prepared:
@@ -176,6 +168,7 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
         record = call.answer_to(prepared)
         if record is not None:
             await record(answer_message(result))
+        result = with_usage_shift(result, turn.shift(prepared))
         return JSONResponse(result, headers=headers, background=_background(call, prepared))
     opening = asyncio.ensure_future(turn.open(prepared))
     try:
@@ -192,98 +185,9 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
             raise
         if prepared is not None:
             prepared_headers(prepared, headers)
-        body = _relay(opened, call.answer_to(prepared), leave)
-        return _streaming(body, headers, _background(call, prepared))
-    return _streaming(_late(turn, opening, leave), headers, _background(call, prepared))
-
-
-def _streaming(body: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None) -> Response:
-    return ClosingStream(
-        body, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}, background=background
-    )
-
-
-async def _pinged(events: Events) -> AsyncIterator[tuple[bytes, dict[str, Any] | None]]:
-    """The events, with a ``ping`` (and None for its event) whenever the upstream is silent ``PING_SECONDS``."""
-    source = aiter(events)
-    while True:
-        step = asyncio.ensure_future(anext(source))
-        try:
-            while not (await asyncio.wait({step}, timeout=PING_SECONDS))[0]:
-                yield PING, None
-        except BaseException:
-            step.cancel()
-            raise
-        try:
-            yield step.result()
-        except StopAsyncIteration:
-            return
-
-
-async def _relay(
-    opened: Opened, record: Record | None, leave: Callable[[], None], skip_start: bool = False
-) -> AsyncIterator[bytes]:
-    """The upstream's events as they came; the answer stored once the stream reached ``message_stop``."""
-    answer = Accumulator()
-    started: dict[str, Any] = {}
-    try:
-        async for raw, data in _pinged(opened.events):
-            if data is None:
-                yield raw
-                continue
-            answer.feed(data)
-            if skip_start and data.get("type") == "message_start":
-                started = (data.get("message") or {}).get("usage") or {}
-                continue
-            if skip_start and data.get("type") == "message_delta" and started:
-                usage = {**{k: v for k, v in started.items() if k != "output_tokens"}, **(data.get("usage") or {})}
-                raw = event({**data, "usage": usage})
-            yield raw
-        if answer.complete and record is not None:
-            await record(answer.message())
-    except REPORTED as error:
-        yield event(anthropic_error(_worded(to_proxy_error(error))))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("unexpected error while relaying a Messages stream")
-        yield event(anthropic_error(InternalError("Internal error in lcm-proxy while streaming.")))
-    finally:
-        try:
-            await opened.close()
-        finally:
-            leave()
-
-
-def _message_start(model: str) -> bytes:
-    usage = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    message: dict[str, Any] = {
-        "id": "msg_lcm_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model,
-        "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage,
-    }  # fmt: skip
-    return event({"type": "message_start", "message": message})
-
-
-async def _late(
-    turn: Turn, opening: Awaitable[tuple[Opened, Prepared | None]], leave: Callable[[], None]
-) -> AsyncIterator[bytes]:
-    """A stream whose upstream was slow to answer: the proxy's ``message_start``, pings, then the upstream's."""
-    task = asyncio.ensure_future(opening)
-    relayed = False
-    try:
-        yield _message_start(turn.call.body["model"])
-        while not (await asyncio.wait({task}, timeout=PING_SECONDS))[0]:
-            yield PING
-        opened, prepared = task.result()
-        relayed = True
-        async for chunk in _relay(opened, turn.call.answer_to(prepared), leave, skip_start=True):
-            yield chunk
-    except REPORTED as error:
-        yield event(anthropic_error(_worded(to_proxy_error(error))))
-    finally:
-        task.cancel()
-        if not relayed:
-            leave()
+        body = relay(opened, call.answer_to(prepared), leave, shift=turn.shift(prepared))
+        return streaming(body, headers, _background(call, prepared))
+    return streaming(late(turn, opening, leave), headers, _background(call, prepared))
 
 
 # --- Claude Code's own compaction ------------------------------------------------------------------------
@@ -319,7 +223,7 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str]) -> Response:
     background = _background(call, prepared)
     if not call.body.get("stream"):
         return JSONResponse(message, headers=headers, background=background)
-    return _streaming(_events_of(message), headers, background)
+    return streaming(_events_of(message), headers, background)
 
 
 async def _events_of(message: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -354,7 +258,8 @@ async def count_tokens(request: Request) -> Response:
         counted = count_messages(MESSAGES, engine_transcript(body))
         budget = state.policy.budget_for(target, body, recall_tools=False)
         counted += budget.tools
-        if state.config.lcm_settings.enabled:
+        lcm = state.config.lcm_settings
+        if lcm.enabled and lcm.client_usage == "forwarded":
             counted = min(counted, budget.counted_room)
         return JSONResponse({"input_tokens": counted})
     except REPORTED as error:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import ContextLengthExceeded, InvalidRequestError, ProxyError
 from proxy.wire.http import JSONResponse
 
 ROLES = ("user", "assistant", "system")
@@ -118,3 +118,10 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     if getattr(error, "close_connection", False):
         headers["connection"] = "close"
     return JSONResponse(anthropic_error(error), status_code=error.status, headers=headers)
+
+
+def worded(error: ProxyError) -> ProxyError:
+    """The proxy's own "too long" refusal worded as Anthropic's, which Claude Code's reactive compaction reads."""
+    if isinstance(error, ContextLengthExceeded) and not error.message.lower().startswith("prompt is too long"):
+        error.message = f"prompt is too long: {error.message}"
+    return error

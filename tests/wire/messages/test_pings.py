@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.wire.messages import routes
+from proxy.wire.messages import routes, stream
 from tests.support.fake_anthropic import AReply, FakeAnthropic
 from tests.support.fakes import FakeUpstream, Reply
 
@@ -19,7 +19,7 @@ from tests.support.fakes import FakeUpstream, Reply
 @pytest.fixture
 def quick_pings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routes, "PING_AFTER", 0.05)
-    monkeypatch.setattr(routes, "PING_SECONDS", 0.1)
+    monkeypatch.setattr(stream, "PING_SECONDS", 0.1)
 
 
 def _events(url: str, model: str) -> list[dict[str, Any]]:

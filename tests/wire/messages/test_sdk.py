@@ -168,3 +168,36 @@ def test_the_warm_up_probe_is_answered(claude_proxy: Any) -> None:
     import httpx
 
     assert httpx.head(f"{claude_proxy.url}/api/hello").status_code == 200
+
+
+def test_client_usage_reports_what_the_client_sent(
+    proxy_factory: Any,
+    fake_anthropic_server: tuple[FakeAnthropic, str],
+    fake_anthropic: FakeAnthropic,
+    upstream_url: str,
+) -> None:
+    import httpx
+
+    from tests.wire.messages.conftest import claude_models
+
+    proxy = proxy_factory(
+        lcm={"client_usage": "client", "fresh_tail_count": 2, "leaf_chunk_tokens": 400},
+        models=claude_models(fake_anthropic_server[1], upstream_url, window=2_000),
+    )
+    fixed = {"input_tokens": 1000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    fake_anthropic.responder = lambda body: AReply(text="ok", usage=fixed)
+    messages: list[dict[str, Any]] = []
+    shifted = []
+    for i in range(16):
+        messages.append({"role": "user", "content": f"Turn {i}: " + "words about caching " * 40})
+        response = httpx.post(
+            f"{proxy.url}/v1/messages",
+            json={"model": "claude-sonnet-4-5", "max_tokens": 300, "messages": messages},
+            headers={"x-api-key": "k", "anthropic-version": "2023-06-01", "x-claude-code-session-id": "u"},
+        )
+        assert response.status_code == 200, response.text
+        sent, forwarded = (int(response.headers[f"x-lcm-tokens-{k}"]) for k in ("sent", "forwarded"))
+        shifted.append(sent - forwarded)
+        assert response.json()["usage"]["input_tokens"] == 1000 + sent - forwarded
+        messages.append({"role": "assistant", "content": response.json()["content"]})
+    assert max(shifted) > 0  # the proxy compacted, and the client was told what it sent, not what was forwarded
