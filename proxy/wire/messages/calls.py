@@ -1,7 +1,11 @@
 """The Messages door's upstream call, whichever kind of deployment serves the model: an Anthropic one gets the
 Messages request natively and its events are relayed as they came (``proxy.upstream.anthropic``); any other
 gets the request translated to Chat Completions and its answer translated back (``proxy.upstream.translate``).
-Either way the door sees one shape: a whole Messages answer, or a stream of ``(bytes, event)`` pairs."""
+Either way the door sees one shape: a whole Messages answer, or a stream of ``(bytes, event)`` pairs.
+
+With ``recall`` (the conversation has summaries or stubs, and the model calls tools), a translated request
+runs the recall-tool loop of the chat door (``proxy.relay.toolloop``) on its Chat Completions form: the proxy
+runs the ``lcm_*`` calls itself and the client sees one ordinary answer."""
 
 from __future__ import annotations
 
@@ -9,12 +13,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.relay.toolloop import RecallLoop, RunTool, with_recall_tools
 from proxy.relay.turn import Services
 from proxy.upstream.anthropic import MessagesStream
 from proxy.upstream.routing import ResolvedModel
 from proxy.upstream.translate import ChatToMessagesStream, chat_to_messages, messages_to_chat, sse_bytes
 
 Events = AsyncIterator[tuple[bytes, dict[str, Any]]]
+
+
+@dataclass
+class Recall:
+    """The recall tools of one request: how a call is run, how many rounds, and the tokens left for them."""
+
+    run_tool: RunTool
+    max_rounds: int
+    room: int
+
+    def loop(self, state: Services, target: ResolvedModel) -> RecallLoop:
+        return RecallLoop(state.upstream, target, self.run_tool, self.max_rounds, self.room)
 
 
 @dataclass
@@ -26,11 +43,20 @@ class Opened:
 
 
 async def complete(
-    state: Services, target: ResolvedModel, body: dict[str, Any], headers: dict[str, str], native: bool
+    state: Services,
+    target: ResolvedModel,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    native: bool,
+    recall: Recall | None = None,
 ) -> dict[str, Any]:
     if native:
         return await state.upstream.messages(target, body, headers)
-    result = await state.upstream.complete(target, messages_to_chat(body))
+    chat = messages_to_chat(body)
+    if recall is not None:
+        result = await recall.loop(state, target).complete(with_recall_tools(chat), chat.get("tools"))
+    else:
+        result = await state.upstream.complete(target, chat)
     return chat_to_messages(result, body["model"])
 
 
@@ -41,6 +67,7 @@ async def open_stream(
     headers: dict[str, str],
     native: bool,
     input_tokens: int = 0,
+    recall: Recall | None = None,
 ) -> Opened:
     """Open the upstream's stream (its first event read, so an early failure raises here). ``input_tokens``: the
     proxy's count of what it forwards, for a translated stream's ``message_start`` (a Chat Completions stream
@@ -49,7 +76,11 @@ async def open_stream(
         stream = await state.upstream.open_messages_stream(target, body, headers)
         first = await _first(stream)
         return Opened(_native(stream, first), stream.aclose)
-    chat = await state.upstream.open_stream(target, {**messages_to_chat(body), "stream": True})
+    request = {**messages_to_chat(body), "stream": True}
+    if recall is not None:
+        looped = await recall.loop(state, target).open_stream(with_recall_tools(request), request.get("tools"), True)
+        return Opened(_translated(looped, body["model"], input_tokens), looped.aclose)  # type: ignore[attr-defined]
+    chat = await state.upstream.open_stream(target, request)
     return Opened(_translated(chat, body["model"], input_tokens), chat.aclose)
 
 

@@ -31,6 +31,7 @@ from proxy import tokens
 from proxy.dialects import MESSAGES, count_messages
 from proxy.engine.engine import Prepared
 from proxy.engine.errors import ContextTooLong
+from proxy.engine.recall import clip_to_tokens
 from proxy.errors import UpstreamError
 from proxy.relay.turn import CONVERSATION_HEADER, Call, compacted_retry, prepared_headers
 from proxy.scopes import user_scope
@@ -39,7 +40,7 @@ from proxy.wire.auth import request_user
 from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
 from proxy.wire.messages import claude_code
 from proxy.wire.messages.answer import answer_message, event
-from proxy.wire.messages.calls import Opened, complete, open_stream
+from proxy.wire.messages.calls import Opened, Recall, complete, open_stream
 from proxy.wire.messages.shaping import engine_transcript, outgoing, with_betas
 from proxy.wire.messages.stream import late, relay, streaming, with_usage_shift
 from proxy.wire.messages.validation import error_response, validate_count_request, validate_messages_request, worded
@@ -78,15 +79,35 @@ class Turn:
         out, betas = outgoing(body, forwarded, self.reminders, anthropic=self.native)
         return out, with_betas(self.headers, betas)
 
+    async def recall(self, prepared: Prepared | None) -> Recall | None:
+        """The recall tools, when the engine offers them (summaries or stubs, a model that calls tools) and the
+        request is translated (the loop runs on its Chat Completions form)."""
+        call = self.call
+        if self.native or prepared is None or not prepared.recall or prepared.conversation_id is None:
+            return None
+        summarizer, state = call.summarizer, call.state
+        if summarizer is None:
+            return None
+        window = call.budget or call.fresh_budget()
+        cap = max(500, (window.window - window.output_reserve) // 4)  # a tool result never floods the window
+        scope = await state.recall.scope(call.scope, prepared.conversation_id, prepared.transcript_length)
+
+        async def run_tool(name: str, arguments: str) -> str:
+            return clip_to_tokens(await state.recall.run(scope, name, arguments, summarizer), cap)
+
+        return Recall(run_tool, state.config.lcm_settings.max_tool_rounds, prepared.room)
+
     async def complete(self, prepared: Prepared | None) -> tuple[dict[str, Any], Prepared | None]:
         state, target = self.call.state, self.call.target
         try:
-            return await complete(state, target, *self.shaped(prepared), self.native), prepared
+            shaped = self.shaped(prepared)
+            return await complete(state, target, *shaped, self.native, await self.recall(prepared)), prepared
         except UpstreamError as error:
             retry = await compacted_retry(self.call, prepared, error)
             if retry is None:
                 raise
-            return await complete(state, target, *self.shaped(retry), self.native), retry
+            shaped = self.shaped(retry)
+            return await complete(state, target, *shaped, self.native, await self.recall(retry)), retry
 
     def _input(self, prepared: Prepared | None) -> int:
         budget = self.call.budget
@@ -95,14 +116,15 @@ class Turn:
     async def open(self, prepared: Prepared | None) -> tuple[Opened, Prepared | None]:
         state, target = self.call.state, self.call.target
         try:
-            return await open_stream(
-                state, target, *self.shaped(prepared), self.native, self._input(prepared)
-            ), prepared
+            recall = await self.recall(prepared)
+            shaped = self.shaped(prepared)
+            return await open_stream(state, target, *shaped, self.native, self._input(prepared), recall), prepared
         except UpstreamError as error:
             retry = await compacted_retry(self.call, prepared, error)
             if retry is None:
                 raise
-            return await open_stream(state, target, *self.shaped(retry), self.native, self._input(retry)), retry
+            recall, shaped = await self.recall(retry), self.shaped(retry)
+            return await open_stream(state, target, *shaped, self.native, self._input(retry), recall), retry
 
 
 async def create_message(request: Request) -> Response:
@@ -122,7 +144,8 @@ async def create_message(request: Request) -> Response:
         reminders = claude_code.pinned(body["messages"])
         call = Call(
             state, scope, target, body, key, arrived, dialect=MESSAGES, messages=engine_transcript(body),
-            recall_tools=False, reserved=sum(tokens.count_text(b["text"]) for b in reminders),
+            recall_tools=None if not native else False,  # the recall loop runs on translated requests
+            reserved=sum(tokens.count_text(b["text"]) for b in reminders),
         )  # fmt: skip
         call.gone = request.is_disconnected
         turn = Turn(call, native, client_headers(request.headers) if native else {}, reminders)
