@@ -1,4 +1,4 @@
-"""The proxy SIGKILLed at random moments during ingest and compaction, 20 times on SQLite and 8 on PostgreSQL:
+"""The proxy SIGKILLed at random moments during ingest and compaction, 12 times on SQLite and 8 on PostgreSQL:
 after every kill doctor finds nothing wrong but the files the killed process left behind (reported, never
 silently; PostgreSQL keeps payloads in its transactions, so nothing at all), ``doctor --repair`` removes
 those, the database's own checks pass, and no acknowledged message is missing."""
@@ -68,7 +68,7 @@ def test_sigkill_during_ingest_and_compaction(
     transcripts: dict[int, list[dict[str, Any]]] = {
         c: [{"role": "user", "content": f"client {c} starts"}] for c in range(4)
     }
-    for _kill in range(20 if where.kind == "sqlite" else 8):
+    for _kill in range(12 if where.kind == "sqlite" else 8):
         server = start_server(config, port)
         stop = threading.Event()
         answered = threading.Event()  # the new process has warmed up (LiteLLM's first call is slow)
