@@ -484,3 +484,27 @@ class FakeAnthropic:
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
         yield _sse("message_delta", {"type": "message_delta", "delta": delta, "usage": final})
         yield _sse("message_stop", {"type": "message_stop"})
+
+
+ANTHROPIC_KEY = "sk-ant-upstream-secret-42"
+
+
+def claude_models(anthropic_url: str, upstream_url: str, window: int = 200_000) -> list[dict[str, Any]]:
+    """Two models for a proxy's config: ``claude-sonnet-4-5`` served natively by a ``FakeAnthropic`` at
+    ``anthropic_url``, ``local-claude`` by the fake OpenAI-compatible upstream at ``upstream_url`` (translated)."""
+    return [
+        {
+            "model_name": "claude-sonnet-4-5",
+            "litellm_params": {
+                "model": "anthropic/claude-sonnet-4-5",
+                "api_base": anthropic_url,
+                "api_key": ANTHROPIC_KEY,
+            },
+            "model_info": {"max_input_tokens": window, "supports_function_calling": True},
+        },
+        {
+            "model_name": "local-claude",
+            "litellm_params": {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": "sk-local"},
+            "model_info": {"max_input_tokens": window, "supports_function_calling": True},
+        },
+    ]

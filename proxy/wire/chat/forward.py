@@ -12,7 +12,8 @@ from starlette.responses import Response
 
 from proxy.engine.engine import Prepared
 from proxy.engine.recall import clip_to_tokens
-from proxy.relay.toolloop import RecallLoop, with_recall_tools
+from proxy.relay import unoffered
+from proxy.relay.toolloop import RecallLoop, tool_name, with_recall_tools
 from proxy.relay.turn import Call
 from proxy.types import ChatBody
 from proxy.upstream.errors import describe_upstream
@@ -30,6 +31,10 @@ def _answer(call: Call, prepared: Prepared | None, body: ChatBody) -> Answer | N
         await record(answer_message(message))
 
     return Answer(keep)
+
+
+def _client_names(body: ChatBody) -> set[str | None]:
+    return {tool_name(t) for t in body.get("tools") or []}
 
 
 def _after(call: Call, prepared: Prepared | None) -> BackgroundTask | None:
@@ -60,7 +65,7 @@ async def forward(call: Call, prepared: Prepared | None, headers: dict[str, str]
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
             relay = relay_sse(
-                stream,
+                unoffered.chat_stream(aiter(stream), _client_names(body)),
                 lambda delta: state.policy.learn_tool_calls(target, delta),
                 leave,
                 answer,
@@ -73,6 +78,7 @@ async def forward(call: Call, prepared: Prepared | None, headers: dict[str, str]
             leave()
         for choice in result.get("choices") or []:
             state.policy.learn_tool_calls(target, choice.get("message") if isinstance(choice, dict) else None)
+        result = unoffered.chat_result(result, _client_names(body))
         if answer is not None:
             await answer.keep_result(result)
         return JSONResponse(result, headers=headers, background=background)

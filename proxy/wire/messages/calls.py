@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.relay import unoffered
 from proxy.relay.toolloop import RecallLoop, RunTool, with_recall_tools
 from proxy.relay.turn import Services
 from proxy.upstream.anthropic import MessagesStream
 from proxy.upstream.routing import ResolvedModel
 from proxy.upstream.translate import ChatToMessagesStream, chat_to_messages, messages_to_chat, sse_bytes
+from proxy.upstream.translate import sse_bytes as sse_event
 
 Events = AsyncIterator[tuple[bytes, dict[str, Any]]]
 
@@ -50,14 +52,20 @@ async def complete(
     native: bool,
     recall: Recall | None = None,
 ) -> dict[str, Any]:
+    names = client_names(body)
     if native:
-        return await state.upstream.messages(target, body, headers)
+        return unoffered.messages_answer(await state.upstream.messages(target, body, headers), names)
     chat = messages_to_chat(body)
     if recall is not None:
         result = await recall.loop(state, target).complete(with_recall_tools(chat), chat.get("tools"))
     else:
-        result = await state.upstream.complete(target, chat)
+        result = unoffered.chat_result(await state.upstream.complete(target, chat), names)
     return chat_to_messages(result, body["model"])
+
+
+def client_names(body: dict[str, Any]) -> set[str | None]:
+    """The names of the client's own tools (a call to another ``lcm_`` name is not passed on)."""
+    return {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
 
 
 async def open_stream(
@@ -75,13 +83,14 @@ async def open_stream(
     if native:
         stream = await state.upstream.open_messages_stream(target, body, headers)
         first = await _first(stream)
-        return Opened(_native(stream, first), stream.aclose)
+        return Opened(_native(stream, first, unoffered.MessagesFilter(client_names(body))), stream.aclose)
     request = {**messages_to_chat(body), "stream": True}
     if recall is not None:
         looped = await recall.loop(state, target).open_stream(with_recall_tools(request), request.get("tools"), True)
         return Opened(_translated(looped, body["model"], input_tokens), looped.aclose)  # type: ignore[attr-defined]
     chat = await state.upstream.open_stream(target, request)
-    return Opened(_translated(chat, body["model"], input_tokens), chat.aclose)
+    filtered = unoffered.chat_stream(aiter(chat), client_names(body))
+    return Opened(_translated(filtered, body["model"], input_tokens), filtered.aclose)
 
 
 async def _first(stream: MessagesStream) -> Any:
@@ -92,10 +101,14 @@ async def _first(stream: MessagesStream) -> Any:
         raise
 
 
-async def _native(stream: MessagesStream, first: Any) -> Events:
+async def _native(stream: MessagesStream, first: Any, only: unoffered.MessagesFilter) -> Events:
     event = first
     while event is not None:
-        yield event.raw, event.data
+        data = only(event.data)
+        if data is event.data:
+            yield event.raw, data  # relayed as it came
+        elif data is not None:
+            yield sse_event(data), data
         event = await stream.next_event()
 
 

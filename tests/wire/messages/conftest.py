@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.fake_anthropic import FakeAnthropic, claude_models
 from tests.support.servers import serve_in_thread
-
-ANTHROPIC_KEY = "sk-ant-upstream-secret-42"
 
 
 @pytest.fixture(scope="session")
@@ -28,25 +26,6 @@ def fake_anthropic(fake_anthropic_server: tuple[FakeAnthropic, str]) -> FakeAnth
     fake.reset()
     fake.window = None
     return fake
-
-
-def claude_models(anthropic_url: str, upstream_url: str, window: int = 200_000) -> list[dict[str, Any]]:
-    return [
-        {
-            "model_name": "claude-sonnet-4-5",
-            "litellm_params": {
-                "model": "anthropic/claude-sonnet-4-5",
-                "api_base": anthropic_url,
-                "api_key": ANTHROPIC_KEY,
-            },
-            "model_info": {"max_input_tokens": window, "supports_function_calling": True},
-        },
-        {
-            "model_name": "local-claude",
-            "litellm_params": {"model": "openai/fake-model", "api_base": f"{upstream_url}/v1", "api_key": "sk-local"},
-            "model_info": {"max_input_tokens": window, "supports_function_calling": True},
-        },
-    ]
 
 
 @pytest.fixture

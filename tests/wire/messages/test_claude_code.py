@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from tests.support.claude_code import require_claude, run_claude
-from tests.support.fake_anthropic import AReply, FakeAnthropic, all_text
+from tests.support.fake_anthropic import AReply, FakeAnthropic, all_text, claude_models
 from tests.support.fakes import FakeUpstream, Reply
-from tests.wire.messages.conftest import claude_models
 
 pytestmark = pytest.mark.slow
 

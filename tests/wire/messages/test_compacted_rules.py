@@ -9,8 +9,7 @@ from typing import Any
 
 import anthropic
 
-from tests.support.fake_anthropic import AReply, FakeAnthropic
-from tests.wire.messages.conftest import claude_models
+from tests.support.fake_anthropic import AReply, FakeAnthropic, claude_models
 
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 BETAS = "interleaved-thinking-2025-05-14,context-management-2025-06-27"

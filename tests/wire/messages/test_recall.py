@@ -9,8 +9,8 @@ from typing import Any
 import anthropic
 import pytest
 
+from tests.support.fake_anthropic import claude_models
 from tests.support.fakes import FakeUpstream, Reply
-from tests.wire.messages.conftest import claude_models
 
 FACT = "The vault combination is 31-17-4."
 

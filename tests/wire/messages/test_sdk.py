@@ -8,9 +8,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.support.fake_anthropic import AReply, FakeAnthropic
+from tests.support.fake_anthropic import ANTHROPIC_KEY, AReply, FakeAnthropic
 from tests.support.fakes import FakeUpstream, Reply
-from tests.wire.messages.conftest import ANTHROPIC_KEY
 
 
 def client(proxy: Any) -> anthropic.Anthropic:
@@ -178,7 +177,7 @@ def test_client_usage_reports_what_the_client_sent(
 ) -> None:
     import httpx
 
-    from tests.wire.messages.conftest import claude_models
+    from tests.support.fake_anthropic import claude_models
 
     proxy = proxy_factory(
         lcm={"client_usage": "client", "fresh_tail_count": 2, "leaf_chunk_tokens": 400},
