@@ -27,7 +27,6 @@ import httpx
 from proxy.engine.export import export_conversation
 from proxy.store.location import Location
 from tests.support.fake_anthropic import AReply, FakeAnthropic, count_tokens, last_user_text
-from tests.wire.messages.conftest import claude_models
 
 WINDOW = 5_000
 MAX_TOKENS = 1_100
@@ -47,6 +46,17 @@ LCM = {
     "background_yields": "never",
 }
 EPHEMERAL = {"type": "ephemeral"}
+
+
+def _native_model(anthropic_url: str) -> dict[str, Any]:
+    """``claude-sonnet-4-5`` on the fake Anthropic API with the small window (tests import no conftest)."""
+    return {
+        "model_name": MODEL,
+        "litellm_params": {"model": f"anthropic/{MODEL}", "api_base": anthropic_url, "api_key": "sk-ant-sim-42"},
+        "model_info": {"max_input_tokens": WINDOW, "supports_function_calling": True},
+    }
+
+
 SYSTEM = [
     {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=sdk-cli;"},
     {
@@ -217,9 +227,8 @@ def test_a_long_claude_code_session_stays_within_anthropics_rules_and_exports_as
     proxy_factory: Any,
     fake_anthropic_server: tuple[FakeAnthropic, str],
     fake_anthropic: FakeAnthropic,
-    upstream_url: str,
 ) -> None:
-    proxy = proxy_factory(lcm=LCM, models=claude_models(fake_anthropic_server[1], upstream_url, window=WINDOW))
+    proxy = proxy_factory(lcm=LCM, models=[_native_model(fake_anthropic_server[1])])
     fake_anthropic.window = WINDOW - MAX_TOKENS
     judge = FakeAnthropic(window=WINDOW - MAX_TOKENS)  # the fake's rules, replayed on each recorded body
     model = Model()
