@@ -373,7 +373,8 @@ def test_the_readme_shows_the_commands_ci_runs() -> None:
     readme = "\n".join(text for text, _ in _code(_read(REPO / "README.md")))
     runs = [line.strip() for line in ci if line.strip().startswith(".venv/bin/")]
     checks = [line for line in runs if "pip" not in line and "zipfile" not in line]
-    assert ".venv/bin/python -m pytest -q" in checks and ".venv/bin/lint-imports" in checks
+    assert '.venv/bin/python -m pytest -q -m "not slow"' in checks and ".venv/bin/lint-imports" in checks
+    assert ".venv/bin/python -m pytest -q -m slow" in checks
     missing = [line for line in checks if line not in readme]
     installs = [m for line in runs for m in re.findall(r"pip install --quiet (-e '\.\[\w+\]')", line)]
     assert "-e '.[test]'" in installs

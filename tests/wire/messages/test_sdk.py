@@ -197,6 +197,7 @@ def test_client_usage_reports_what_the_client_sent(
         assert response.status_code == 200, response.text
         sent, forwarded = (int(response.headers[f"x-lcm-tokens-{k}"]) for k in ("sent", "forwarded"))
         shifted.append(sent - forwarded)
-        assert response.json()["usage"]["input_tokens"] == 1000 + sent - forwarded
+        # What the proxy left out is added (never taken: recalled excerpts can make the forwarded context larger).
+        assert response.json()["usage"]["input_tokens"] == 1000 + max(0, sent - forwarded)
         messages.append({"role": "assistant", "content": response.json()["content"]})
     assert max(shifted) > 0  # the proxy compacted, and the client was told what it sent, not what was forwarded
