@@ -210,7 +210,8 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
             prepared_headers(prepared, headers)
         body = relay(opened, call.answer_to(prepared), leave, shift=turn.shift(prepared))
         return streaming(body, headers, _background(call, prepared))
-    return streaming(late(turn, opening, leave), headers, _background(call, prepared))
+    body = late(call.body["model"], opening, leave, lambda sent: (call.answer_to(sent), turn.shift(sent)))
+    return streaming(body, headers, _background(call, prepared))
 
 
 # --- Claude Code's own compaction ------------------------------------------------------------------------

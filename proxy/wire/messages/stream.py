@@ -10,7 +10,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response
@@ -23,9 +23,6 @@ from proxy.wire.messages.answer import PING, Accumulator, event
 from proxy.wire.messages.calls import Events, Opened
 from proxy.wire.messages.validation import anthropic_error, worded
 from proxy.wire.streaming import ClosingStream
-
-if TYPE_CHECKING:
-    from proxy.wire.messages.routes import Turn
 
 log = logging.getLogger("lcm_proxy.wire")
 
@@ -116,19 +113,23 @@ def message_start(model: str) -> bytes:
     return event({"type": "message_start", "message": message})
 
 
+Outcome = Callable[[Prepared | None], tuple[Record | None, int]]  # where the answer goes, and the usage shift
+
+
 async def late(
-    turn: Turn, opening: Awaitable[tuple[Opened, Prepared | None]], leave: Callable[[], None]
+    model: str, opening: Awaitable[tuple[Opened, Prepared | None]], leave: Callable[[], None], outcome: Outcome
 ) -> AsyncIterator[bytes]:
-    """A stream whose upstream was slow to answer: the proxy's ``message_start``, pings, then the upstream's."""
+    """A stream whose upstream was slow to answer: the proxy's ``message_start``, pings, then the upstream's.
+    ``outcome`` tells, for the context finally sent, where the answer is recorded and the usage shift."""
     task = asyncio.ensure_future(opening)
     relayed = False
     try:
-        yield message_start(turn.call.body["model"])
+        yield message_start(model)
         while not (await asyncio.wait({task}, timeout=PING_SECONDS))[0]:
             yield PING
         opened, prepared = task.result()
         relayed = True
-        record, shift = turn.call.answer_to(prepared), turn.shift(prepared)
+        record, shift = outcome(prepared)
         async for chunk in relay(opened, record, leave, skip_start=True, shift=shift):
             yield chunk
     except REPORTED as error:
