@@ -9,6 +9,7 @@ runs the ``lcm_*`` calls itself and the client sees one ordinary answer."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,13 @@ async def complete(
         result = await recall.loop(state, target).complete(with_recall_tools(chat), chat.get("tools"))
     else:
         result = unoffered.chat_result(await state.upstream.complete(target, chat), names)
-    return chat_to_messages(result, body["model"])
+    return {**chat_to_messages(result, body["model"]), "id": message_id()}
+
+
+def message_id() -> str:
+    """A translated answer's own id. Not the upstream's chat id: servers that give every answer the same one exist,
+    and Claude Code merges the blocks of answers that share an id into one message."""
+    return "msg_" + secrets.token_hex(12)
 
 
 def client_names(body: dict[str, Any]) -> set[str | None]:
@@ -113,7 +120,7 @@ async def _native(stream: MessagesStream, first: Any, only: unoffered.MessagesFi
 
 
 async def _translated(chunks: Any, model: str, input_tokens: int) -> Events:
-    translator = ChatToMessagesStream(model, input_tokens=input_tokens)
+    translator = ChatToMessagesStream(model, message_id=message_id(), input_tokens=input_tokens)
     async for chunk in chunks:
         for event in translator.feed(chunk):
             yield sse_bytes(event), event

@@ -66,20 +66,39 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
     )
     home, cwd = _project(tmp_path)
 
+    asked = []
+
+    def wants_bash(body: dict[str, Any]) -> bool:
+        """The first turn, asking to read notes.txt: one Bash call, once (later turns may quote it)."""
+        if asked or "use bash" not in str(body["messages"][-1]["content"]):
+            return False
+        asked.append(True)
+        return True
+
     def answer_anthropic(body: dict[str, Any]) -> AReply:
+        if body.get("tools") and wants_bash(body):
+            return AReply(tool_uses=[{"id": "toolu_bash1", "name": "Bash", "input": {"command": "cat notes.txt", "description": "read"}}])
         return AReply(text="D'accord, noté.")
+
+    def answer_chat(body: dict[str, Any]) -> Reply:
+        if body.get("tools") and wants_bash(body) and body["messages"][-1].get("role") == "user":
+            call = {"id": "call_bash1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "cat notes.txt", "description": "read"}'}}
+            return Reply(content=None, tool_calls=[call])
+        return Reply(content="D'accord, noté.")
 
     fake_anthropic.responder = answer_anthropic
     fake_anthropic.window = WINDOWS[model] - 32_000  # Claude Code asks for max_tokens 32,000: the rest is the input's
-    fake_upstream.responder = lambda body: Reply(content="D'accord, noté.")
+    fake_upstream.responder = answer_chat
 
     def turn(prompt: str, *more: str) -> dict[str, Any]:
-        done = run_claude(claude, proxy.url, prompt, home=home, cwd=cwd, args=["--model", model, *more])
+        done = run_claude(
+            claude, proxy.url, prompt, home=home, cwd=cwd, args=["--model", model, "--allowedTools", "Bash", *more]
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.result is not None and not done.result.get("is_error"), done.stdout[-2000:]
         return done.result
 
-    turn(f"Remember this: {FACT} Now read these notes: {FILLER}")
+    turn(f"Remember this: {FACT} Then use bash to read notes.txt. Now read these notes: {FILLER}")
     for i in range(8):
         turn(f"Turn {i + 2}. More notes to keep in mind: {FILLER}", "--continue")
 
@@ -89,7 +108,10 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
         return [r for r in seen if r.body.get("tools")]
 
     bodies = [r.body for r in forwarded()]
-    assert len(bodies) >= 5
+    assert len(bodies) >= 10  # nine turns, the first a tool round trip
+    # The tool ran in Claude Code and its result came back through the proxy, paired with its call.
+    results = [b for b in bodies if "bring an umbrella" in str(b["messages"])]
+    assert results, "the Bash tool's output reached the upstream"
     # The proxy compacted: the newest request no longer carries turn 1's words raw, yet every request fit.
     texts = [all_text(b) if model == "claude-sonnet-4-5" else str(b["messages"]) for b in bodies]
     assert FACT not in texts[-1] or "summary" in texts[-1].lower()
