@@ -32,6 +32,11 @@ ENV = {
     "LITELLM_LOG": "ERROR",
     "LITELLM_MODE": "PRODUCTION",
     "LITELLM_DONT_SHOW_FEEDBACK_BOX": "True",
+    # Its /v1/messages on an openai/ deployment goes to OpenAI's Responses API (/v1/responses) by default, which
+    # the fake does not serve; this switch sends it to /v1/chat/completions, the translation lcm-proxy's Messages
+    # door makes too. (As ``litellm_settings.use_chat_completions_url_for_anthropic_messages`` in the config it
+    # did not take effect at 1.106.12: the requests still went to /v1/responses.)
+    "LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES": "True",
 }
 
 
@@ -75,21 +80,20 @@ def install(version: str) -> tuple[Path | None, str]:
     return VENV / "bin" / "litellm", ""
 
 
-def write_config(path: Path, upstream: str, models: list[str]) -> None:
-    """``models`` pointing at the fake upstream; no master key, no database, nothing logged or tracked."""
+def write_config(path: Path, upstream: str, models: list[str], anthropic: tuple[str, ...] = ()) -> None:
+    """``models`` (``openai/``) and ``anthropic`` (``anthropic/``, whose ``/v1/messages`` it posts to
+    ``{api_base}/v1/messages``) pointing at the fake upstream; no master key, no database, nothing logged or
+    tracked."""
+
+    def deployment(name: str, model: str, api_base: str) -> dict[str, Any]:
+        # max_retries 0: the same as lcm-proxy and the bare forwarder (retries never fire here anyway).
+        params = {"model": model, "api_base": api_base, "api_key": "k-12345678", "max_retries": 0}
+        return {"model_name": name, "litellm_params": params}
+
     config: dict[str, Any] = {
         "model_list": [
-            {
-                "model_name": name,
-                # max_retries 0: the same as lcm-proxy and the bare forwarder (retries never fire here anyway).
-                "litellm_params": {
-                    "model": f"openai/{name}",
-                    "api_base": f"{upstream}/v1",
-                    "api_key": "k-12345678",
-                    "max_retries": 0,
-                },
-            }
-            for name in models
+            *(deployment(name, f"openai/{name}", f"{upstream}/v1") for name in models),
+            *(deployment(name, f"anthropic/{name}", upstream) for name in anthropic),
         ],
         "litellm_settings": {
             # Its production checklist: verbose logging off. No callbacks are configured at all.

@@ -1,6 +1,7 @@
 """Processes the overhead benchmark measures, each on its own port: ``python -m bench.servers KIND PORT [UPSTREAM]``.
 
-* ``fake``    — the fake OpenAI-compatible upstream (tests/support/fakes.py) under uvicorn;
+* ``fake``    — the fake OpenAI-compatible upstream (tests/support/fakes.py) under uvicorn, which also answers
+  Anthropic's ``POST /v1/messages`` (``messages``: the least valid answer, streamed or not, no checks);
 * ``aiohttp`` — a bare pass-through forwarder (Starlette + aiohttp): the floor for a Python proxy;
 * ``litellm`` — a bare forwarder that calls ``litellm.acompletion`` and nothing else.
 
@@ -28,6 +29,47 @@ SSE = "text/event-stream"
 
 async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+async def messages(request: Request) -> Response:
+    """Anthropic's ``POST /v1/messages`` in its shape, the least of it: the chat fake's echo of the last user text
+    as one text block; streamed, one ``text_delta`` per word as the chat fake sends one chunk per word, so the
+    native and the translated paths carry the same pieces. Nothing is validated or recorded."""
+    body = orjson.loads(await request.body())
+    last = body["messages"][-1]["content"]
+    text = "echo: " + (last if isinstance(last, str) else " ".join(b.get("text", "") for b in last))
+    usage = {"input_tokens": 11, "output_tokens": 7}
+    message = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    if not body.get("stream"):
+        return Response(orjson.dumps(message), media_type="application/json")
+
+    async def events() -> AsyncIterator[bytes]:
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        yield _event("message_start", {"message": start})
+        yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            delta = {"type": "text_delta", "text": word if i == 0 else " " + word}
+            yield _event("content_block_delta", {"index": 0, "delta": delta})
+        yield _event("content_block_stop", {"index": 0})
+        end = {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 7}}
+        yield _event("message_delta", end)
+        yield _event("message_stop", {})
+
+    return StreamingResponse(events(), media_type=SSE)
 
 
 def aiohttp_forwarder(upstream: str) -> Starlette:
@@ -103,6 +145,7 @@ def main() -> None:
         # The tests read what the fake recorded; a benchmark would only pile up every request body in memory
         # (thousands of 300-message transcripts).
         fake.requests = deque(maxlen=1)  # type: ignore[assignment]
+        fake.app.router.routes.append(Route("/v1/messages", messages, methods=["POST"]))
         app: Any = fake.app
     elif kind == "aiohttp":
         app = aiohttp_forwarder(sys.argv[3])

@@ -53,6 +53,13 @@ def test_overhead_benchmark_prints_its_tables() -> None:
         "added p50: long¹",
         "req/s at 64 clients",
     } <= first_cells
+    # Anthropic's /v1/messages through lcm-proxy's Messages door, to both kinds of deployment.
+    assert "## overhead: Anthropic /v1/messages latency" in out.stdout
+    assert {
+        "lcm-proxy, anthropic/ deployment (native)",
+        "lcm-proxy, openai/ deployment (translated)",
+        "added p50: /v1/messages short non-streaming, anthropic/ deployment",
+    } <= first_cells
     # LiteLLM's own proxy runs only when its virtualenv already exists (--quick never creates it).
     assert "LiteLLM proxy" in first_cells or "LiteLLM proxy skipped" in out.stdout
 
