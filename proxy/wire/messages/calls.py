@@ -4,8 +4,9 @@ gets the request translated to Chat Completions and its answer translated back (
 Either way the door sees one shape: a whole Messages answer, or a stream of ``(bytes, event)`` pairs.
 
 With ``recall`` (the conversation has summaries or stubs, and the model calls tools), a translated request
-runs the recall-tool loop of the chat door (``proxy.relay.toolloop``) on its Chat Completions form: the proxy
-runs the ``lcm_*`` calls itself and the client sees one ordinary answer."""
+runs the recall-tool loop of the chat door (``proxy.relay.toolloop``) on its Chat Completions form, a native one
+the same loop in Anthropic's tool format (``recall_loop``): the proxy runs the ``lcm_*`` calls itself and the
+client sees one ordinary answer."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from proxy.upstream.anthropic import MessagesStream
 from proxy.upstream.routing import ResolvedModel
 from proxy.upstream.translate import ChatToMessagesStream, chat_to_messages, messages_to_chat, sse_bytes
 from proxy.upstream.translate import sse_bytes as sse_event
+from proxy.wire.messages.recall_loop import MessagesRecallLoop
 
 Events = AsyncIterator[tuple[bytes, dict[str, Any]]]
 
@@ -34,7 +36,12 @@ class Recall:
     room: int
 
     def loop(self, state: Services, target: ResolvedModel) -> RecallLoop:
+        """The loop on a translated request's Chat Completions form."""
         return RecallLoop(state.upstream, target, self.run_tool, self.max_rounds, self.room)
+
+    def native(self, state: Services, target: ResolvedModel, headers: dict[str, str]) -> MessagesRecallLoop:
+        """The loop in Anthropic's tool format, for an Anthropic deployment."""
+        return MessagesRecallLoop(state, target, headers, self.run_tool, self.max_rounds, self.room)
 
 
 @dataclass
@@ -54,6 +61,8 @@ async def complete(
     recall: Recall | None = None,
 ) -> dict[str, Any]:
     names = client_names(body)
+    if native and recall is not None:
+        return await recall.native(state, target, headers).complete(body)
     if native:
         return unoffered.messages_answer(await state.upstream.messages(target, body, headers), names)
     chat = messages_to_chat(body)
@@ -87,6 +96,9 @@ async def open_stream(
     """Open the upstream's stream (its first event read, so an early failure raises here). ``input_tokens``: the
     proxy's count of what it forwards, for a translated stream's ``message_start`` (a Chat Completions stream
     reports its usage only at its end, and Claude Code reads the context's size from ``message_start``)."""
+    if native and recall is not None:
+        events, close = await recall.native(state, target, headers).open_stream(body)
+        return Opened(events, close)
     if native:
         stream = await state.upstream.open_messages_stream(target, body, headers)
         first = await _first(stream)

@@ -80,10 +80,9 @@ class Turn:
         return out, with_betas(self.headers, betas)
 
     async def recall(self, prepared: Prepared | None) -> Recall | None:
-        """The recall tools, when the engine offers them (summaries or stubs, a model that calls tools) and the
-        request is translated (the loop runs on its Chat Completions form)."""
+        """The recall tools, when the engine offers them (summaries or stubs, a model that calls tools)."""
         call = self.call
-        if self.native or prepared is None or not prepared.recall or prepared.conversation_id is None:
+        if prepared is None or not prepared.recall or prepared.conversation_id is None:
             return None
         summarizer, state = call.summarizer, call.state
         if summarizer is None:
@@ -144,7 +143,6 @@ async def create_message(request: Request) -> Response:
         reminders = claude_code.pinned(body["messages"])
         call = Call(
             state, scope, target, body, key, arrived, dialect=MESSAGES, messages=engine_transcript(body),
-            recall_tools=None if not native else False,  # the recall loop runs on translated requests
             reserved=sum(tokens.count_text(b["text"]) for b in reminders),
         )  # fmt: skip
         call.gone = request.is_disconnected

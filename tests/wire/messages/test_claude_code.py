@@ -77,12 +77,20 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
 
     def answer_anthropic(body: dict[str, Any]) -> AReply:
         if body.get("tools") and wants_bash(body):
-            return AReply(tool_uses=[{"id": "toolu_bash1", "name": "Bash", "input": {"command": "cat notes.txt", "description": "read"}}])
+            return AReply(
+                tool_uses=[
+                    {"id": "toolu_bash1", "name": "Bash", "input": {"command": "cat notes.txt", "description": "read"}}
+                ]
+            )
         return AReply(text="D'accord, noté.")
 
     def answer_chat(body: dict[str, Any]) -> Reply:
         if body.get("tools") and wants_bash(body) and body["messages"][-1].get("role") == "user":
-            call = {"id": "call_bash1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "cat notes.txt", "description": "read"}'}}
+            call = {
+                "id": "call_bash1",
+                "type": "function",
+                "function": {"name": "Bash", "arguments": '{"command": "cat notes.txt", "description": "read"}'},
+            }
             return Reply(content=None, tool_calls=[call])
         return Reply(content="D'accord, noté.")
 
