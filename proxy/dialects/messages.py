@@ -36,15 +36,18 @@ def without_reminders(text: str) -> str:
     """``text`` without its ``<system-reminder>`` spans: Claude Code's own context (CLAUDE.md, the date, token
     counts, tool lists), repeated in every session and appended to tool results. The door forwards the leading
     ones verbatim as instructions; for summaries and search they are noise that would crowd out the
-    conversation. Linear: one scan with ``str.find``; an unclosed span runs to the end."""
+    conversation. Linear: one scan with ``str.find``. Only closed spans go: an opening tag with no close (a file
+    that mentions the tag) is text like any other."""
     if REMINDER_OPEN not in text:
         return text
     out: list[str] = []
     at = 0
     while (start := text.find(REMINDER_OPEN, at)) >= 0:
-        out.append(text[at:start])
         end = text.find(REMINDER_CLOSE, start)
-        at = len(text) if end < 0 else end + len(REMINDER_CLOSE)
+        if end < 0:
+            break
+        out.append(text[at:start])
+        at = end + len(REMINDER_CLOSE)
     out.append(text[at:])
     return "".join(out).strip()
 

@@ -43,12 +43,23 @@ def canonical(value: Any) -> Any:
 HINTS = "cache_control"  # a transport hint, not content: left out of the canonical form of non-chat formats
 
 
-def _without_hints(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_hints(v) for k, v in value.items() if k != HINTS}
-    if isinstance(value, list):
-        return [_without_hints(v) for v in value]
-    return value
+def _without_hints(message: Message) -> Message:
+    """``message`` without ``cache_control`` on itself, its content blocks and a tool result's blocks (never
+    inside a value the client wrote, such as a tool's input)."""
+
+    def blocks(content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        out = []
+        for block in content:
+            if isinstance(block, dict):
+                block = {k: v for k, v in block.items() if k != HINTS}
+                if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+                    block["content"] = blocks(block["content"])
+            out.append(block)
+        return out
+
+    return {k: blocks(v) if k == "content" else v for k, v in message.items() if k != HINTS}
 
 
 def canonical_bytes(message: Message, dialect: str = dialects.CHAT.name) -> bytes:

@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from proxy.errors import UpstreamError
-from proxy.upstream.errors import map_litellm_exceptions
+from proxy.upstream.errors import capital, map_litellm_exceptions
 from proxy.upstream.relay import _client, read_error, too_large
 
 DEFAULT_BASE = "https://api.anthropic.com"
@@ -111,7 +111,7 @@ async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict
         answer = None
     if not isinstance(answer, dict):
         raise UpstreamError(
-            f"{upstream} sent a malformed response: not a Messages answer that could be read.",
+            f"{capital(upstream)} sent a malformed response: not a Messages answer that could be read.",
             status=502,
             code="upstream_bad_response",
         )
@@ -128,6 +128,20 @@ class Event:
     @property
     def type(self) -> str:
         return str(self.data.get("type", ""))
+
+
+# What an event of each type must hold for a reader (the door's accumulator, the SDKs) to use it.
+SHAPES: dict[str, tuple[tuple[str, type], ...]] = {
+    "message_start": (("message", dict),),
+    "content_block_start": (("index", int), ("content_block", dict)),
+    "content_block_delta": (("index", int), ("delta", dict)),
+    "content_block_stop": (("index", int),),
+    "message_delta": (("delta", dict),),
+}
+
+
+def _well_formed(data: dict[str, Any]) -> bool:
+    return all(isinstance(data.get(key), kind) for key, kind in SHAPES.get(str(data.get("type")), ()))
 
 
 MAX_EVENT_BYTES = 16 << 20  # one event larger than this is a broken stream, not an answer
@@ -161,7 +175,7 @@ class MessagesStream:
                     return event
                 continue
             if len(self._buffer) > MAX_EVENT_BYTES:
-                raise UpstreamError(f"{self._upstream} sent an event too large to relay.", status=502)
+                raise UpstreamError(f"{capital(self._upstream)} sent an event too large to relay.", status=502)
             with map_litellm_exceptions(self._timeout, self._credentials, self._upstream):
                 chunk = await anext(self._chunks, None)
             if chunk is None:
@@ -175,9 +189,13 @@ class MessagesStream:
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise UpstreamError(f"{self._upstream} sent a stream event that is not JSON.", status=502) from None
-        if not isinstance(parsed, dict):
-            raise UpstreamError(f"{self._upstream} sent a stream event that is not an object.", status=502)
+            raise UpstreamError(
+                f"{capital(self._upstream)} sent a stream event that is not JSON.", status=502
+            ) from None
+        if not isinstance(parsed, dict) or not _well_formed(parsed):
+            raise UpstreamError(
+                f"{capital(self._upstream)} sent a malformed stream event.", status=502, code="upstream_bad_stream"
+            )
         return Event(block if block.endswith(b"\n\n") else block + b"\n\n", parsed)
 
     async def __aiter__(self) -> AsyncIterator[Event]:

@@ -29,7 +29,8 @@ class Accumulator:
 
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
-        self._json: dict[int, str] = {}
+        self._json: dict[int, list[str]] = {}
+        self._pieces: dict[tuple[int, str], list[str]] = {}  # (block, field) -> its deltas, joined once at the end
         self.usage: dict[str, Any] = {}
         self.stop_reason: str | None = None
         self.complete = False
@@ -43,12 +44,12 @@ class Accumulator:
         elif kind == "content_block_start" and isinstance(index, int):
             block = copy.deepcopy(data.get("content_block") or {})
             if block.get("type") in ("tool_use", "server_tool_use"):
-                self._json[index] = ""
+                self._json[index] = []
             self.blocks[index] = block
         elif kind == "content_block_delta" and isinstance(index, int) and index in self.blocks:
             self._delta(self.blocks[index], index, data.get("delta") or {})
         elif kind == "content_block_stop" and isinstance(index, int) and index in self._json:
-            raw = self._json.pop(index)
+            raw = "".join(self._json.pop(index))
             try:
                 self.blocks[index]["input"] = orjson.loads(raw) if raw.strip() else {}
             except orjson.JSONDecodeError:
@@ -63,18 +64,27 @@ class Accumulator:
     def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> None:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + str(delta.get("text", ""))
+            self._piece(index, "text", block).append(str(delta.get("text", "")))
         elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+            self._piece(index, "thinking", block).append(str(delta.get("thinking", "")))
         elif kind == "signature_delta":
             block["signature"] = str(delta.get("signature", ""))  # replaced, not appended
         elif kind == "input_json_delta":
-            self._json[index] = self._json.get(index, "") + str(delta.get("partial_json", ""))
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
         elif kind == "citations_delta" and "citation" in delta:
             block.setdefault("citations", []).append(delta["citation"])
 
+    def _piece(self, index: int, field: str, block: dict[str, Any]) -> list[str]:
+        """The deltas of ``field`` of block ``index``, after what its start held: appended, joined once."""
+        key = (index, field)
+        if key not in self._pieces:
+            self._pieces[key] = [str(block.get(field, ""))]
+        return self._pieces[key]
+
     def message(self) -> Message | None:
         """The assistant message to store (None when the stream gave nothing)."""
+        for (index, field), pieces in self._pieces.items():
+            self.blocks[index][field] = "".join(pieces)
         if not self.blocks:
             return None
         return {"role": "assistant", "content": [self.blocks[i] for i in sorted(self.blocks)]}

@@ -87,21 +87,28 @@ def is_continuation(headers: Mapping[str, str], body: dict[str, Any]) -> bool:
     return bool(texts) and texts[0].lstrip().startswith(CONTINUATION)
 
 
+def _leading_reminders(content: Any) -> list[dict[str, Any]]:
+    out = []
+    for block in content if isinstance(content, list) else []:
+        if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
+            break
+        if not block["text"].lstrip().startswith(REMINDER):
+            break
+        out.append(block)
+    return out
+
+
 def pinned(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``<system-reminder>`` text blocks that open the first user message holding any (Claude Code's CLAUDE.md
-    and standing context; after its own compaction they open the third message, after its summary and the last
-    answer it kept): instructions, forwarded on every request."""
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, list):
-            continue
-        out = []
-        for block in content:
-            if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
-                break
-            if not block["text"].lstrip().startswith(REMINDER):
-                break
-            out.append(block)
-        if out:
-            return out
+    """The ``<system-reminder>`` text blocks that open the first user message (Claude Code's CLAUDE.md and
+    standing context): instructions, forwarded on every request. After Claude Code's own compaction the first
+    user message is its summary, and they open the next user message instead. A reminder typed later in the
+    conversation is the user's text like any other, never pinned."""
+    users = [m for m in messages if m.get("role") == "user"]
+    candidates = users[:1]
+    if users and any(t.lstrip().startswith(CONTINUATION) for t in _texts(users[0].get("content"))):
+        candidates = users[:2]
+    for message in candidates:
+        found = _leading_reminders(message.get("content"))
+        if found:
+            return found
     return []

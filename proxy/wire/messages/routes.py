@@ -222,8 +222,9 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str]) -> Response:
     earlier = {**call.body, "messages": call.body["messages"][:-1]}
     call.messages = engine_transcript(earlier)
     prepared = await _prepare(call, headers)
-    if prepared.conversation_id is None:
-        return await _forward(turn, prepared, headers)
+    if prepared.conversation_id is None:  # nothing stored to answer from: the model answers the whole request
+        call.messages = engine_transcript(call.body)
+        return await _forward(turn, await _prepare(call, headers), headers)
     room = min(int(call.body["max_tokens"]), DIGEST_TOKENS)
     digest = await call.state.engine.digest(call.scope, prepared.conversation_id, room)
     text = (
@@ -282,7 +283,7 @@ async def count_tokens(request: Request) -> Response:
         counted += budget.tools
         lcm = state.config.lcm_settings
         if lcm.enabled and lcm.client_usage == "forwarded":
-            counted = min(counted, budget.counted_room)
+            counted = max(1, min(counted, budget.counted_room))
         return JSONResponse({"input_tokens": counted})
     except REPORTED as error:
         return error_response(to_proxy_error(error))

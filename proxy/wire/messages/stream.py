@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 from proxy.engine.engine import Prepared
-from proxy.errors import InternalError
+from proxy.errors import InternalError, UpstreamError
 from proxy.relay.turn import Record
 from proxy.wire.http import REPORTED, to_proxy_error
 from proxy.wire.messages.answer import PING, Accumulator, event
@@ -76,7 +76,10 @@ async def relay(
             if shift:
                 raw = event(with_usage_shift(data, shift))
             yield raw
-        if answer.complete and record is not None:
+        if not answer.complete:  # the upstream's stream ended before message_stop: say so, never a silent cut
+            cut = UpstreamError("The upstream's stream ended before its message_stop: the answer is incomplete.")
+            yield event(anthropic_error(cut))
+        elif record is not None:
             await record(answer.message())
     except REPORTED as error:
         yield event(anthropic_error(worded(to_proxy_error(error))))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import ContextLengthExceeded, InvalidRequestError, ProxyError
-from proxy.wire.http import JSONResponse
+from proxy.wire.http import MAX_DEPTH, JSONResponse
 
 ROLES = ("user", "assistant", "system")
 ANTHROPIC_TYPES = {
@@ -58,9 +58,22 @@ def _blocks(content: Any, where: str, role: str) -> None:
             raise _invalid(f"{where}.{i}.tool_use_id", "expected a string.")
 
 
+def _check_depth(body: dict[str, Any]) -> None:
+    """At most ``MAX_DEPTH`` levels (the body is level 1), checked before anything recursive walks the body:
+    iterative, each container visited once, the path spelt out only for the value that fails."""
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(body, 1, ())]
+    while stack:
+        value, level, path = stack.pop()
+        if level > MAX_DEPTH:
+            raise _invalid(".".join(path) or "body", f"JSON values may be nested at most {MAX_DEPTH} levels deep.")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((child, level + 1, (*path, str(key))) for key, child in items if isinstance(child, dict | list))
+
+
 def validate_messages_request(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequestError("The request body must be a JSON object.", param="body")
+    _check_depth(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "Field required: the model's name, as a string.")
@@ -121,7 +134,13 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
 
 
 def worded(error: ProxyError) -> ProxyError:
-    """The proxy's own "too long" refusal worded as Anthropic's, which Claude Code's reactive compaction reads."""
-    if isinstance(error, ContextLengthExceeded) and not error.message.lower().startswith("prompt is too long"):
+    """The proxy's own "too long" refusals worded as Anthropic's: a prompt that cannot fit as "prompt is too long"
+    (which Claude Code's reactive compaction reads), an output reserve that leaves no room as "input length and
+    `max_tokens` exceed context limit" (a compaction cannot help that one)."""
+    if not isinstance(error, ContextLengthExceeded) or error.message.lower().startswith(("prompt is", "input length")):
+        return error
+    if error.param == "max_tokens":
+        error.message = f"input length and `max_tokens` exceed context limit: {error.message}"
+    else:
         error.message = f"prompt is too long: {error.message}"
     return error
