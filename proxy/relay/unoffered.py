@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 from proxy.types import Chunk
+from proxy.upstream.rounds import Round
 
 PREFIX = "lcm_"
 
@@ -47,14 +48,27 @@ def chat_result(result: dict[str, Any], client_names: set[str | None]) -> dict[s
     return {**result, "choices": choices} if choices else result
 
 
-async def chat_stream(chunks: AsyncIterator[Chunk], client_names: set[str | None]) -> AsyncGenerator[Chunk, None]:
+async def chat_stream(
+    chunks: AsyncIterator[Chunk], client_names: set[str | None], source: str | None = None
+) -> AsyncGenerator[Chunk, None]:
+    """``chunks`` without the unoffered calls. With ``source`` (the upstream's name) every chunk is first read as
+    the recall loop reads it (``proxy.upstream.rounds.Round``): a malformed answer (two calls under one id) still
+    ends as ``upstream_bad_stream``, whatever the calls' names."""
+    check = Round(source) if source is not None else None
     try:
-        async for chunk in _chat_stream(chunks, client_names):
+        async for chunk in _chat_stream(_checked(chunks, check), client_names):
             yield chunk
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
             await close()
+
+
+async def _checked(chunks: AsyncIterator[Chunk], check: Round | None) -> AsyncIterator[Chunk]:
+    async for chunk in chunks:
+        if check is not None:
+            check.add(chunk)
+        yield chunk
 
 
 async def _chat_stream(chunks: AsyncIterator[Chunk], client_names: set[str | None]) -> AsyncIterator[Chunk]:

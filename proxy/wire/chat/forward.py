@@ -65,7 +65,7 @@ async def forward(call: Call, prepared: Prepared | None, headers: dict[str, str]
             # HTTP status instead of an error event inside a 200.
             stream = await state.upstream.open_stream(target, body)
             relay = relay_sse(
-                unoffered.chat_stream(aiter(stream), _client_names(body)),
+                unoffered.chat_stream(aiter(stream), _client_names(body), describe_upstream(target)),
                 lambda delta: state.policy.learn_tool_calls(target, delta),
                 leave,
                 answer,

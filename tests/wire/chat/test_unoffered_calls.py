@@ -17,9 +17,9 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"ty
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_made_up_recall_calls_never_reach_the_client(proxy: Any, fake_upstream: FakeUpstream, stream: bool) -> None:
-    # Streamed, two calls under one id (the case that reached clients); whole, a second id (a whole answer with two
-    # calls under one id is malformed, a 502 naming the upstream, before any call is read).
-    second = {**GREP} if stream else {**GREP, "id": "call_1b"}
+    # Two calls under one id are a malformed answer whatever their names (tests/engine/test_tool_call_rules.py):
+    # here two well-formed ones.
+    second = {**GREP, "id": "call_1b"}
     fake_upstream.enqueue(Reply(content="Here you go.", tool_calls=[GREP, second]))
     client = openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0)
     asked = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}

@@ -65,17 +65,22 @@ def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
     # changed) because the proxy asked, with the beta that makes the field valid.
     tool = {"name": "read", "description": "read a file", "input_schema": {"type": "object"}}
     messages.append({"role": "user", "content": "read the notes"})
-    fake_anthropic.responder = None
-    fake_anthropic.enqueue(
-        AReply(thinking="I should read.", tool_uses=[{"id": "toolu_9", "name": "read", "input": {}}])
-    )
+
+    def loop_reply(body: dict[str, Any]) -> AReply:  # the proxy's own summariser calls get a summary
+        last = str(body["messages"][-1]["content"])
+        if "tool_result" in last:
+            return AReply(text="Done reading.")
+        if "read the notes" in last and body.get("thinking"):
+            return AReply(thinking="I should read.", tool_uses=[{"id": "toolu_9", "name": "read", "input": {}}])
+        return AReply(text="A summary.")
+
+    fake_anthropic.responder = loop_reply
     call = sdk.messages.create(
         model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, tools=[tool], messages=messages,
         extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
     )  # fmt: skip
     messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in call.content]})
     messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "ok"}]})
-    fake_anthropic.enqueue(AReply(text="Done reading."))
     done = sdk.messages.create(
         model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, tools=[tool], messages=messages,
         extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},

@@ -17,9 +17,9 @@ from proxy.engine.canonical import chain_hashes
 from proxy.wire.messages import claude_code
 from proxy.wire.messages.answer import Accumulator
 from proxy.wire.messages.shaping import outgoing
+from tests.support.fake_anthropic import claude_models
 from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve_in_thread
-from tests.wire.messages.conftest import claude_models
 
 HEADERS = {"x-api-key": "sk-client", "anthropic-version": "2023-06-01"}
 COMPACTION = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nSummarise the conversation."
