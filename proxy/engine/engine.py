@@ -119,6 +119,7 @@ class ContextEngine:
         tools_offered: bool = False,
         dialect: Dialect = CHAT,
         continues: bool = False,
+        link_key: str | None = None,
     ) -> Preparation:
         """The fast half of ``prepare``: ingest, the refusal check, and the start of an inline compaction when
         one is needed (``Preparation.compacting``); ``finish`` waits for it and assembles. A streamed request
@@ -138,6 +139,7 @@ class ContextEngine:
             thresholds=Thresholds(sizes.large_file, sizes.tool_result),
             dialect=dialect,
             continues=continues,
+            link_key=link_key,
         )
         if ingested.conversation_id is None:
             done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit, dialect=dialect)

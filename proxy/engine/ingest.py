@@ -85,6 +85,7 @@ class Incoming:
     model: str | None
     dialect: Dialect
     continues: bool = False  # the client compacted the transcript itself: it continues the keyed conversation
+    link_key: str | None = None  # a sub-agent's: the key of the conversation of the agent that started it
 
 
 Prepared = dict[int, tuple[Interception, NewMessage]]
@@ -118,6 +119,7 @@ class Ingestor:
         thresholds: Thresholds | None = None,
         dialect: Dialect = CHAT,
         continues: bool = False,
+        link_key: str | None = None,
     ) -> IngestResult:
         """Store what is new in ``messages`` (of ``dialect``); ``thresholds`` (the request's, scaled to its
         model's window) decide what is intercepted, by default the ingestor's own. ``continues``: the client
@@ -129,7 +131,7 @@ class Ingestor:
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
         incoming = Incoming(
             scope, transcript, await _chains(scope, transcript, dialect), conversation_key, instructions_json, model,
-            dialect, continues,
+            dialect, continues, link_key,
         )  # fmt: skip
         limits = thresholds or self.thresholds
         explorations: dict[str, str] = {}
@@ -287,6 +289,7 @@ class Ingestor:
             instructions_json=incoming.instructions_json,
             dialect=incoming.dialect.name,
             continued=bool(continued),
+            linked_to=await self._linked(tx, incoming),
         )
         forked_from = None
         if conversation is not None and parent is not None and not continued:
@@ -297,6 +300,13 @@ class Ingestor:
         if conversation is not None and incoming.conversation_key is not None and located.client_key:
             await tx.move_external_key(incoming.scope, incoming.conversation_key, conversation_id)
         return conversation_id, forked_from
+
+    @staticmethod
+    async def _linked(tx: Writes, incoming: Incoming) -> str | None:
+        if incoming.link_key is None:
+            return None
+        linked = await tx.conversation_by_key(incoming.scope, incoming.link_key)
+        return linked.id if linked is not None else None
 
     @staticmethod
     async def _share_prefix(tx: Writes, parent: ConversationRecord, fork_id: str, common: int) -> None:

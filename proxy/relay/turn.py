@@ -65,6 +65,7 @@ class Call:
     recall_tools: bool | None = None  # whether the recall tools may be offered; the model's policy when None
     reserved: int = 0  # tokens the door adds to every request besides the transcript (kept instructions)
     continues: bool = False  # the client compacted its transcript itself (``ContextEngine.begin``)
+    link_key: str | None = None  # a sub-agent's request: the key of the conversation that started it
 
     @property
     def transcript(self) -> Messages:
@@ -97,6 +98,7 @@ class Call:
             tools_offered=self.offers_tools(),
             dialect=self.dialect,
             continues=self.continues,
+            link_key=self.link_key,
         )
 
     def after(self, prepared: Prepared | None) -> Callable[[], Awaitable[Any]] | None:

@@ -235,6 +235,7 @@ class Writes(Reads, Protocol):
         instructions_json: str | None = None,
         dialect: str = "chat",
         continued: bool = False,
+        linked_to: str | None = None,
     ) -> None: ...
     async def move_external_key(self, scope: str, key: str, to_conversation: str) -> None: ...
     async def copy_prefix(self, source_id: str, target_id: str, count: int) -> None:

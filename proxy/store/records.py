@@ -27,6 +27,8 @@ class ConversationRecord:
     # It continues its parent after the client compacted the transcript itself (Claude Code, Codex): nothing was
     # copied, and all of the parent's messages [0, fork_seq) stay in its recall scope.
     continued: bool = False
+    # A sub-agent's conversation: the conversation of the agent that started it (Claude Code's session), if stored.
+    linked_to: str | None = None
 
 
 @dataclass(frozen=True)

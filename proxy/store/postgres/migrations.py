@@ -229,6 +229,15 @@ migration(
 )
 
 
+migration(
+    "p007_linked_conversations",
+    """
+    -- See proxy.store.sqlite.migrations (m011_linked_conversations).
+    ALTER TABLE lcm.conversations ADD COLUMN linked_to text;
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

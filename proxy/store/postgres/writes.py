@@ -49,11 +49,13 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
         instructions_json: str | None = None,
         dialect: str = "chat",
         continued: bool = False,
+        linked_to: str | None = None,
     ) -> None:
         now = time.time()
         await self._run(
             "INSERT INTO lcm.conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at, dialect, continued) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " created_at, updated_at, dialect, continued, linked_to)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 conversation_id,
                 scope,
@@ -65,6 +67,7 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
                 now,
                 dialect,
                 int(continued),
+                linked_to,
             ),
         )
 

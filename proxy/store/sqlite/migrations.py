@@ -303,3 +303,12 @@ migration(
     ALTER TABLE conversations ADD COLUMN continued INTEGER NOT NULL DEFAULT 0;
     """,
 )
+
+
+migration(
+    "m011_linked_conversations",
+    """
+    -- A sub-agent's conversation (Claude Code's x-claude-code-agent-id): the conversation of the agent that started it.
+    ALTER TABLE conversations ADD COLUMN linked_to TEXT;
+    """,
+)

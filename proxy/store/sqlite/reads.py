@@ -17,7 +17,7 @@ from proxy.store.sqlite.ledger import SQLiteLedgerReads
 
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
-    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at, dialect, continued"
+    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at, dialect, continued, linked_to"
 )
 MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "

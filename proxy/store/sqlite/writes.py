@@ -46,11 +46,12 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
         instructions_json: str | None = None,
         dialect: str = "chat",
         continued: bool = False,
+        linked_to: str | None = None,
     ) -> None:
         now = time.time()
         await self.conn.execute(
             "INSERT INTO conversations (id, tenant, external_key, parent_id, fork_seq, instructions_json,"
-            " created_at, updated_at, dialect, continued) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " created_at, updated_at, dialect, continued, linked_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 scope,
@@ -62,6 +63,7 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
                 now,
                 dialect,
                 int(continued),
+                linked_to,
             ),
         )
 

@@ -2,7 +2,8 @@
 project rules in ``<system-reminder>`` blocks, and its own compaction.
 
 * **Identity.** ``x-claude-code-session-id`` names the conversation (stable across ``--continue`` and
-  ``--resume``); a sub-agent's requests (``x-claude-code-agent-id``) are a conversation of their own.
+  ``--resume``); a sub-agent's requests (``x-claude-code-agent-id``) are a conversation of their own, linked to
+  the conversation of the agent that started it (``x-claude-code-parent-agent-id``, else the session's).
 * **Project rules.** CLAUDE.md and Claude Code's other standing context arrive as ``<system-reminder>`` text
   blocks at the start of the first user message, not in ``system``. They are instructions: ``pinned`` finds
   them, and the door forwards them on every request, wherever the rest of that message went.
@@ -22,6 +23,7 @@ from proxy.relay.turn import CONVERSATION_HEADER
 
 SESSION_HEADER = "x-claude-code-session-id"
 AGENT_HEADER = "x-claude-code-agent-id"
+PARENT_HEADER = "x-claude-code-parent-agent-id"
 COMPACTION_HEADER = "x-claude-code-compaction"
 REQUEST_CLASS_HEADER = "x-claude-code-request-class"
 COMPACTED_HEADER = "x-claude-code-context-compacted"
@@ -52,6 +54,16 @@ def conversation_key(headers: Mapping[str, str]) -> str | None:
         return None
     agent = _key(headers.get(AGENT_HEADER), AGENT_HEADER)
     return f"claude-code:{session}" + (f":agent:{agent}" if agent else "")
+
+
+def parent_key(headers: Mapping[str, str]) -> str | None:
+    """A sub-agent's request: the key of the conversation of the agent that started it (the named parent agent,
+    else the session's main conversation); None for any other request."""
+    session = _key(headers.get(SESSION_HEADER), SESSION_HEADER)
+    if session is None or _key(headers.get(AGENT_HEADER), AGENT_HEADER) is None:
+        return None
+    parent = _key(headers.get(PARENT_HEADER), PARENT_HEADER)
+    return f"claude-code:{session}" + (f":agent:{parent}" if parent else "")
 
 
 def _texts(content: Any) -> list[str]:

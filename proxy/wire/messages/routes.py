@@ -146,6 +146,7 @@ async def create_message(request: Request) -> Response:
             reserved=sum(tokens.count_text(b["text"]) for b in reminders),
         )  # fmt: skip
         call.gone = request.is_disconnected
+        call.link_key = claude_code.parent_key(request.headers)
         turn = Turn(call, native, client_headers(request.headers) if native else {}, reminders)
         lcm = state.config.lcm_settings.enabled
         if lcm and claude_code.is_compaction(request.headers, body) and len(body["messages"]) > 1:

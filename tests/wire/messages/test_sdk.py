@@ -201,3 +201,27 @@ def test_client_usage_reports_what_the_client_sent(
         assert response.json()["usage"]["input_tokens"] == 1000 + max(0, sent - forwarded)
         messages.append({"role": "assistant", "content": response.json()["content"]})
     assert max(shifted) > 0  # the proxy compacted, and the client was told what it sent, not what was forwarded
+
+
+def test_a_sub_agent_is_a_conversation_of_its_own_linked_to_the_session(
+    claude_proxy: Any, fake_anthropic: FakeAnthropic
+) -> None:
+    import httpx
+
+    fake_anthropic.responder = lambda body: AReply(text="ok")
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-claude-code-session-id": "sess-77"}
+
+    def ask(extra: dict[str, str], text: str) -> str:
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 20, "messages": [{"role": "user", "content": text}]}
+        response = httpx.post(f"{claude_proxy.url}/v1/messages", json=body, headers={**headers, **extra})
+        assert response.status_code == 200, response.text
+        return response.headers["x-lcm-conversation-id"]
+
+    main = ask({}, "plan the refactor")
+    agent = ask({"x-claude-code-agent-id": "a1"}, "search the code base for callers")
+    nested = ask({"x-claude-code-agent-id": "a2", "x-claude-code-parent-agent-id": "a1"}, "read one file")
+    assert len({main, agent, nested}) == 3
+    seen = httpx.get(f"{claude_proxy.url}/lcm/conversations/{agent}").json()
+    assert seen["linked_to"] == main
+    assert httpx.get(f"{claude_proxy.url}/lcm/conversations/{nested}").json()["linked_to"] == agent
+    assert httpx.get(f"{claude_proxy.url}/lcm/conversations/{main}").json()["linked_to"] is None
