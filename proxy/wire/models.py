@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import __version__
+from proxy.errors import NotFoundError
 from proxy.wire.http import JSONResponse
 
 if TYPE_CHECKING:
@@ -31,6 +32,22 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+async def retrieve_model(request: Request) -> Response:
+    """The model object for a name that ``model_list`` serves (exactly or through a wildcard): OpenAI's, or
+    Anthropic's to a client that sends ``anthropic-version``."""
+    state: AppState = request.app.state.lcm
+    state.auth.tenant_for(request)
+    name = request.path_params["model"]
+    if state.router.deployment_for(name) is None:
+        raise NotFoundError(
+            f"The model `{name}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+        )
+    if "anthropic-version" in request.headers:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started_at))
+        return JSONResponse({"type": "model", "id": name, "display_name": name, "created_at": created})
+    return JSONResponse({"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"})
+
+
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok", "version": __version__})
 
@@ -38,5 +55,7 @@ async def healthz(request: Request) -> Response:
 MODEL_ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
 ]

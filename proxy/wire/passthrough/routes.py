@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.errors import InternalError, InvalidRequestError, NotFoundError
+from proxy.errors import InternalError, InvalidRequestError
 from proxy.upstream.client import UpstreamStream, describe_upstream
 from proxy.upstream.params import call_credentials
 from proxy.upstream.routing import ResolvedModel
@@ -198,18 +198,6 @@ async def _relay(stream: UpstreamStream) -> AsyncIterator[bytes]:
     yield DONE
 
 
-async def retrieve_model(request: Request) -> Response:
-    """OpenAI's model object for a name that ``model_list`` serves (exactly or through a wildcard)."""
-    state = state_of(request)
-    state.auth.tenant_for(request)
-    name = request.path_params["model"]
-    if state.router.deployment_for(name) is None:
-        raise NotFoundError(
-            f"The model `{name}` does not exist or you do not have access to it.", param="model", code="model_not_found"
-        )
-    return JSONResponse({"id": name, "object": "model", "created": state.started_at, "owned_by": "lcm-proxy"})
-
-
 def _both(path: str, handler: Callable[[Request], Any], method: str = "POST") -> list[Route]:
     """The route under ``/v1`` and without it, as chat has."""
     return [Route(f"/v1{path}", handler, methods=[method]), Route(path, handler, methods=[method])]
@@ -225,7 +213,6 @@ def _routes() -> list[Route]:
         *_both("/audio/translations", uploads.translations),
         *_both("/images/generations", image_generations),
         *_both("/images/edits", uploads.image_edits),
-        *_both("/models/{model:path}", retrieve_model, "GET"),
     ]
 
 

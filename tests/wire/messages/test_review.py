@@ -244,10 +244,6 @@ def test_a_reminder_typed_in_a_later_turn_is_not_pinned() -> None:
 # --- /v1/models ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GET /v1/models/{id} answers OpenAI's shape to an anthropic-version client (the list answers Anthropic's)",
-)
 def test_retrieving_one_model_answers_anthropics_shape(claude_app: Any) -> None:
     response = claude_app.client.get("/v1/models/claude-sonnet-4-5", headers=HEADERS)
     assert response.status_code == 200
