@@ -66,6 +66,18 @@ def parent_key(headers: Mapping[str, str]) -> str | None:
     return f"claude-code:{session}" + (f":agent:{parent}" if parent else "")
 
 
+def server_compacted(messages: list[dict[str, Any]]) -> bool:
+    """Whether the transcript holds a ``compaction`` block of Anthropic's server-side compaction
+    (``context_management`` edit ``compact_20260112``): it must go back verbatim and in place, and the API reads
+    nothing before it, so the proxy forwards such a transcript as the client sent it (and stores it as ever)."""
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, list):
+            if any(isinstance(b, dict) and b.get("type") == "compaction" for b in content):
+                return True
+    return False
+
+
 def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]

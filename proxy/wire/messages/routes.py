@@ -75,6 +75,8 @@ class Turn:
 
     def shaped(self, prepared: Prepared | None) -> tuple[dict[str, Any], dict[str, str]]:
         body = self.call.body
+        if self.native and claude_code.server_compacted(body["messages"]):
+            prepared = None  # Anthropic's own compaction block: the API ignores what precedes it; sent as it came
         forwarded = prepared.messages if prepared is not None else engine_transcript(body)
         out, betas = outgoing(body, forwarded, self.reminders, anthropic=self.native)
         return out, with_betas(self.headers, betas)

@@ -90,3 +90,43 @@ def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
     assert sent.body["thinking"]["block_binding"] == {"prefix_mismatch_behavior": "drop_block"}
     assert "thinking-binding-controls-2026-08-01" in sent.headers["anthropic-beta"]
     assert fake_anthropic.dropped_thinking >= 1
+
+
+def test_a_server_compaction_block_goes_back_verbatim_and_in_place(
+    proxy_factory: Any,
+    fake_anthropic_server: tuple[FakeAnthropic, str],
+    fake_anthropic: FakeAnthropic,
+    upstream_url: str,
+) -> None:
+    """Anthropic's own compaction (``compact_20260112``) answers with a ``compaction`` block the client sends back;
+    the API reads nothing before it. The proxy forwards such a transcript as it came, however long."""
+    proxy = proxy_factory(
+        lcm={"fresh_tail_count": 2, "leaf_chunk_tokens": 400},
+        models=claude_models(fake_anthropic_server[1], upstream_url, window=2_400),
+    )
+    fake_anthropic.responder = lambda body: AReply(text="ok")
+    block = {
+        "type": "compaction",
+        "content": "Earlier: the user set up the cache layer.",
+        "encrypted_content": "Zm9v" * 50,
+    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Turn 0: " + "notes about the cache layer " * 40},
+        {"role": "assistant", "content": [block, {"type": "text", "text": "Continuing."}]},
+    ]
+    for i in range(1, 12):
+        messages += [
+            {"role": "user", "content": f"Turn {i}: " + "notes about the cache layer " * 40},
+            {"role": "assistant", "content": "ok"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    sdk = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+    edits = {"edits": [{"type": "compact_20260112"}]}
+    answer = sdk.messages.create(
+        model="claude-sonnet-4-5", max_tokens=300, messages=messages,
+        extra_headers={"anthropic-beta": "context-management-2025-06-27"}, extra_body={"context_management": edits},
+    )  # fmt: skip
+    assert answer.content[0].text == "ok"
+    sent = fake_anthropic.last.body
+    assert sent["messages"] == messages  # the block verbatim and in place, nothing summarised around it
+    assert sent["context_management"] == edits
