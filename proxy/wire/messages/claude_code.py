@@ -70,12 +70,12 @@ def server_compacted(messages: list[dict[str, Any]]) -> bool:
     """Whether the transcript holds a ``compaction`` block of Anthropic's server-side compaction
     (``context_management`` edit ``compact_20260112``): it must go back verbatim and in place, and the API reads
     nothing before it, so the proxy forwards such a transcript as the client sent it (and stores it as ever)."""
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") == "assistant" and isinstance(content, list):
-            if any(isinstance(b, dict) and b.get("type") == "compaction" for b in content):
-                return True
-    return False
+    return any(
+        message.get("role") == "assistant"
+        and isinstance(message.get("content"), list)
+        and any(isinstance(b, dict) and b.get("type") == "compaction" for b in message["content"])
+        for message in messages
+    )
 
 
 def _texts(content: Any) -> list[str]:
