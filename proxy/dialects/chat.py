@@ -87,6 +87,9 @@ class ChatDialect:
             i += 1
         return i
 
+    def question(self, message: Message) -> str:
+        return self.text(message)
+
     def text(self, message: Message) -> str:
         return content_text(message.get("content"))
 

@@ -138,6 +138,16 @@ class MessagesDialect:
             i += 1
         return i
 
+    def question(self, message: Message) -> str:
+        """The last text block with words outside reminders (the user's, in Claude Code's messages, which open
+        with its reminders and command notes); the whole text when there is none."""
+        for block in reversed(_blocks(message)):
+            if block.get("type") == "text" and isinstance(block.get("text"), str):
+                words = without_reminders(block["text"])
+                if words.strip():
+                    return words
+        return self.text(message)
+
     def text(self, message: Message) -> str:
         content = message.get("content")
         if isinstance(content, str):

@@ -101,6 +101,9 @@ class ResponsesDialect:
             i += 1
         return i
 
+    def question(self, message: Message) -> str:
+        return self.text(message)
+
     def text(self, message: Message) -> str:
         item = kind(message)
         if item == "message":

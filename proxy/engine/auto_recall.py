@@ -368,7 +368,7 @@ async def place(
         index -= 1
     if index < 0:
         return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
-    query = dialect.text(raw[index])
+    query = dialect.question(raw[index])
     # Searched with the user's own words: around a pasted block, the question, not the stub's excerpts of the
     # paste (which would crowd it out of the terms); a message that is all paste is searched with its stub.
     words = outside_stubs(query)
