@@ -206,6 +206,8 @@ class MessagesDialect:
                 continue
             kind, source = block.get("type"), block.get("source")
             if kind == "text" and isinstance(block.get("text"), str):
+                if block["text"].lstrip().startswith(REMINDER_OPEN):
+                    continue  # Claude Code's context (CLAUDE.md, skills): instructions, forwarded verbatim
                 sites.append(Site("text", ["content", i, "text"]))
             elif (
                 kind in ("image", "document")

@@ -30,3 +30,11 @@ def test_claude_codes_notes_around_the_words_are_not_the_question() -> None:
 def test_a_plain_message_is_its_own_question() -> None:
     assert MESSAGES.question({"role": "user", "content": "where is the key?"}) == "where is the key?"
     assert CHAT.question({"role": "user", "content": "where is the key?"}) == "where is the key?"
+
+
+def test_a_long_reminder_block_is_never_stored_out_of_line() -> None:
+    """Claude Code's reminders are instructions (CLAUDE.md, its skills list): forwarded verbatim, never a stub."""
+    reminder = {"type": "text", "text": "<system-reminder>\n" + "skill: does things. " * 2000 + "</system-reminder>"}
+    words = {"type": "text", "text": "pasted: " + "log line " * 2000}
+    sites = MESSAGES.payload_sites({"role": "user", "content": [reminder, words]})
+    assert [s.path for s in sites] == [["content", 1, "text"]]
