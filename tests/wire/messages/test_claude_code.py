@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 FACT = "The deploy key id is KX-4471-ZEBRA."
 RULE = "RULE-MARKER-7731: always answer in French."
 # Claude Code's requests carry ~12k tokens of tools (~8k once translated for a chat upstream), ~7k of system and
-# max_tokens 32,000: these windows leave a few thousand for the conversation, so a handful of long turns makes the
-# proxy compact.
-WINDOWS = {"claude-sonnet-4-5": 58_000, "local-claude": 46_000}
+# max_tokens 32,000, and its reminders (CLAUDE.md, skills: ~4k, verbatim): these windows leave a few thousand for
+# the conversation, so a handful of long turns makes the proxy compact.
+WINDOWS = {"claude-sonnet-4-5": 64_000, "local-claude": 50_000}
 # ~600 tokens a turn: long turns, each below the size at which a user's text is stored as a pasted file.
 FILLER = " ".join(f"Point {i}: the design notes discuss caching layer number {i} briefly." for i in range(40))
 
