@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.claude_code import _locked
+from tests.support.npm import pinned_install
 
 ANTHROPIC_JS_VERSION = "1.14.0"
 PACKAGE = "@anthropic-ai/sdk"
@@ -60,32 +60,7 @@ def _modules(prefix: Path) -> Path | None:
 def sdk_dir() -> Path | None:
     """The ``node_modules`` holding the pinned SDK, installed on first use; None when node or npm is missing or
     the install failed (the reason in ``require_sdk``'s message)."""
-    _why_missing.clear()
-    prefix = cache_dir()
-    found = _modules(prefix)
-    if found is not None:
-        return found
-    with _locked(prefix.parent / f"{prefix.name}.lock"):
-        found = _modules(prefix)  # another worker may have installed it while this one waited
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None or shutil.which("node") is None:
-            _why_missing.append("node or npm is not on PATH")
-            return None
-        prefix.mkdir(parents=True, exist_ok=True)
-        command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund"]
-        command.append(f"{PACKAGE}@{ANTHROPIC_JS_VERSION}")
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as error:
-            _why_missing.append(f"{' '.join(command)} failed: {error}")
-            return None
-        found = _modules(prefix)
-        if found is None:
-            tail = (done.stdout + done.stderr)[-2000:]
-            _why_missing.append(f"{' '.join(command)} exited {done.returncode}, the SDK does not load:\n{tail}")
-        return found
+    return pinned_install(cache_dir(), f"{PACKAGE}@{ANTHROPIC_JS_VERSION}", _modules, _why_missing)
 
 
 def require_sdk() -> Path:

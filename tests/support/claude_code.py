@@ -14,13 +14,11 @@ developer's own ``ANTHROPIC_*`` / ``CLAUDE_*`` never reach it. ``FakeAnthropic``
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.support.npm import pinned_install
 
 CLAUDE_CODE_VERSION = "2.1.330"
 MODEL = "claude-sonnet-4-5"
@@ -59,46 +59,10 @@ def _runnable(prefix: Path) -> Path | None:
     return None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def claude_binary() -> Path | None:
     """The runnable ``claude`` of the pinned version, installed on first use; None when npm is missing or the
     install failed (the reason in ``require_claude``'s message)."""
-    _why_missing.clear()
-    prefix = cache_dir()
-    found = _runnable(prefix)
-    if found is not None:
-        return found
-    with _locked(prefix.parent / f"{prefix.name}.lock"):
-        found = _runnable(prefix)  # another worker may have installed it while this one waited
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None:
-            _why_missing.append("npm is not on PATH")
-            return None
-        prefix.mkdir(parents=True, exist_ok=True)
-        command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund"]
-        command.append(f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}")
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as error:
-            _why_missing.append(f"{' '.join(command)} failed: {error}")
-            return None
-        found = _runnable(prefix)
-        if found is None:
-            tail = (done.stdout + done.stderr)[-2000:]
-            _why_missing.append(f"{' '.join(command)} exited {done.returncode}, no runnable claude:\n{tail}")
-        return found
+    return pinned_install(cache_dir(), f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}", _runnable, _why_missing)
 
 
 def require_claude() -> Path:
