@@ -7,8 +7,9 @@ turn (``proxy.relay.turn``) in the Messages dialect, shaped for the upstream (``
 failure leaves in Anthropic's error shape; an upstream's error keeps its type and wording.
 
 Streams: the upstream's events are relayed as they come and added up (``answer.Accumulator``) to store the
-answer. When the upstream has not answered within ``PING_AFTER`` seconds (an inline compaction, a local model
-reading a long prompt), the stream starts with the proxy's own ``message_start`` and a ``ping`` every
+answer. An inline compaction is awaited before the response starts (``inline_compaction_seconds`` at most, far
+below Claude Code's 300 s). When the upstream then has not answered within ``PING_AFTER`` seconds (a local model
+reading a long prompt, a recall round), the stream starts with the proxy's own ``message_start`` and a ``ping`` every
 ``PING_SECONDS`` (Claude Code gives up on a stream silent for 300 s); the upstream's ``message_start`` is then
 not relayed, and its usage joins the final ``message_delta``.
 """
