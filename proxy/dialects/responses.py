@@ -12,7 +12,9 @@ between a reasoning item and what it produced (further reasoning, a preamble mes
 providers refuse a ``function_call`` replayed without its reasoning item, and GPT-5 models write a preamble
 message between the two. Reasoning is never text for summaries; its encrypted content is forwarded as
 it was sent. The top-level ``instructions`` field is the door's business; leading ``system`` / ``developer``
-message items (Codex sends its base prompt so) are instructions.
+message items (Codex sends its base prompt so) are instructions, and so are the user messages right after them
+that carry Codex's project rules (``PROJECT_RULES``: AGENTS.md and its environment context, sent as user
+messages before the user's first words): forwarded verbatim on every request, never summarised.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ INSTRUCTION_ROLES = ("system", "developer")
 CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+# How Codex opens the user messages that carry standing context rather than the user's words (FIELD-NOTES,
+# Codex 0.169): its AGENTS.md (older versions: ``<user_instructions>``) and its environment context.
+PROJECT_RULES = ("# AGENTS.md instructions for ", "<user_instructions>", "<environment_context>")
 
 
 def kind(item: Message) -> str:
@@ -97,9 +102,14 @@ class ResponsesDialect:
 
     def instruction_count(self, messages: Sequence[Message]) -> int:
         i = 0
-        while i < len(messages) and kind(messages[i]) == "message" and messages[i].get("role") in INSTRUCTION_ROLES:
+        while i < len(messages) and kind(messages[i]) == "message" and self._instruction(messages[i]):
             i += 1
         return i
+
+    def _instruction(self, message: Message) -> bool:
+        if message.get("role") in INSTRUCTION_ROLES:
+            return True
+        return message.get("role") == "user" and _parts_text(message.get("content")).lstrip().startswith(PROJECT_RULES)
 
     def question(self, message: Message) -> str:
         return self.text(message)

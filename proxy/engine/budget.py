@@ -32,7 +32,8 @@ PROMPT_OVERHEAD = 700  # tokens of a summarizer call beyond its source: system p
 DEFAULT_WINDOW_LIMIT = 120_000  # the message limit assumed when no request is at hand (operator `compact`)
 
 
-REQUESTED_RESERVES = ("max_tokens", "max_completion_tokens")  # reserves the client set, not the proxy
+# Reserves the client set, not the proxy (max_output_tokens: the Responses API's name).
+REQUESTED_RESERVES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import orjson
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
-from proxy.engine import answers, auto_recall, budget, digest
+from proxy.engine import answers, auto_recall, budget, digest, export
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
@@ -339,6 +339,11 @@ class ContextEngine:
     async def digest(self, scope: str, conversation_id: str, max_tokens: int) -> str:
         """A client's own compaction answered from the stored conversation (``proxy.engine.digest``)."""
         return await digest.digest(self.store, scope, conversation_id, max_tokens)
+
+    async def history(self, scope: str, conversation_id: str, upto: int) -> Messages | None:
+        """The first ``upto`` messages of a stored conversation as its client sent them (a client's compaction
+        checkpoint expanded back into what it stands for); None when ``scope`` has no such messages."""
+        return await export.history(self.store, self.files, scope, conversation_id, upto)
 
     async def _continued(self, scope: str, conversation: ConversationRecord) -> list[tuple[str, int]]:
         """The conversations ``conversation`` continues after its client's own compactions, newest first, each

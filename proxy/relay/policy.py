@@ -198,7 +198,8 @@ class ModelPolicy:
         # The default reserve never takes more than a quarter of the window: 4096 tokens on a 2k-4k local
         # model would leave nothing (or less than nothing) for the messages. A client's own max_tokens counts
         # in full: that is what the upstream will reserve.
-        asked = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        # max_output_tokens: the Responses API's name for it.
+        asked = next((k for k in ("max_completion_tokens", "max_output_tokens") if body.get(k)), "max_tokens")
         reserve = body.get(asked) or min(lcm.default_output_reserve, window // 4)
         reserve_source = asked if body.get(asked) else "lcm_settings.default_output_reserve"
         return Budget(window, int(reserve), tools, window_source, reserve_source, *self.margin_of(target))

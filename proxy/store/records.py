@@ -149,3 +149,21 @@ class Removed:
             tuple(dict.fromkeys(self.paths + other.paths)),
             self.kept_messages,  # the first conversation's: the one a deletion was asked for
         )
+
+
+@dataclass(frozen=True)
+class ResponseRecord:
+    """A Responses answer the proxy issued (``kind`` ``"response"``: ``previous_response_id`` chains and ``GET
+    /v1/responses/{id}``), or a compaction checkpoint it handed a client (``kind`` ``"checkpoint"``: Codex's
+    compaction item, or its marker in a summary) that stands for the first ``position`` messages of
+    ``conversation_id``."""
+
+    id: str
+    scope: str
+    kind: str
+    conversation_id: str | None
+    position: int
+    previous_id: str | None  # the response this one continued (its ``previous_response_id``)
+    input_json: str | None  # the request's own input items (those of ``previous_id``'s chain are not repeated)
+    body_json: str | None  # the response object as the client received it
+    created_at: float

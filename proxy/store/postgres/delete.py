@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # The tables a deletion changes, in ``VACUUM``'s order (their TOAST tables and indexes come with them).
 TABLES = (
     "ledger_items", "messages", "message_files", "summaries", "summary_sources", "context_items", "files", "blobs",
-    "last_sent", "relayed_answers", "compaction_leases", "conversations",
+    "last_sent", "relayed_answers", "compaction_leases", "responses", "conversations",
 )  # fmt: skip
 
 # See ``proxy.store.sqlite.delete.KEPT_SUMMARIES``: the conversation's summaries other rows still reference,
@@ -61,7 +61,7 @@ class PostgresRemoval:
 
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
         cid = conversation_id
-        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
+        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases", "responses"):
             await self._run(f"DELETE FROM lcm.{table} WHERE conversation_id = %s", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
         await self._truncate_ledger(cid, keep)

@@ -238,6 +238,26 @@ migration(
 )
 
 
+migration(
+    "p008_responses",
+    """
+    -- See proxy.store.sqlite.migrations (m012_responses).
+    CREATE TABLE lcm.responses (
+        id text PRIMARY KEY,
+        scope text NOT NULL,
+        kind text NOT NULL,
+        conversation_id text,
+        position bigint NOT NULL DEFAULT 0,
+        previous_id text,
+        input_json text,
+        body_json text,
+        created_at double precision NOT NULL
+    );
+    CREATE INDEX responses_conversation ON lcm.responses(conversation_id);
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

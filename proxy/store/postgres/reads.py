@@ -18,8 +18,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from proxy.store.errors import StoreBusy
 from proxy.store.postgres.ledger import PostgresLedgerReads
-from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, SummaryRecord
+from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, ResponseRecord, SummaryRecord
 
+RESPONSE_COLUMNS = "id, scope, kind, conversation_id, position, previous_id, input_json, body_json, created_at"
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
     "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at, dialect, continued, linked_to"
@@ -137,6 +138,13 @@ class PostgresReads(Session, PostgresLedgerReads):
             (scope, key, key, key),
         )
         return ConversationRecord(*row) if row else None
+
+    async def response(self, scope: str, response_id: str) -> ResponseRecord | None:
+        """A response or checkpoint the Responses door issued to ``scope`` (None for another scope's)."""
+        row = await self._one(
+            f"SELECT {RESPONSE_COLUMNS} FROM lcm.responses WHERE id = %s AND scope = %s", (response_id, scope)
+        )
+        return ResponseRecord(*row) if row else None
 
     async def conversations_by_key(self, key: str) -> list[ConversationRecord]:
         rows = await self._all(

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from proxy.store.postgres.delete import PostgresRemoval
 from proxy.store.postgres.ledger import PostgresLedgerWrites
-from proxy.store.postgres.reads import FILE_COLUMNS, SUM_COLUMNS, PostgresReads
+from proxy.store.postgres.reads import FILE_COLUMNS, RESPONSE_COLUMNS, SUM_COLUMNS, PostgresReads
 from proxy.store.postgres.words import tsvector
-from proxy.store.records import FileRecord, NewMessage, SummaryRecord
+from proxy.store.records import FileRecord, NewMessage, ResponseRecord, SummaryRecord
 
 LOCK_NAMESPACE = "lcm-proxy"
 NOW = "extract(epoch from clock_timestamp())"  # the database's clock: replicas' clocks may disagree
@@ -220,6 +220,15 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
 
     async def set_last_model(self, conversation_id: str, model: str) -> None:
         await self._run("UPDATE lcm.conversations SET last_model = %s WHERE id = %s", (model, conversation_id))
+
+    async def put_response(self, record: ResponseRecord) -> None:
+        await self._run(
+            f"INSERT INTO lcm.responses ({RESPONSE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                record.id, record.scope, record.kind, record.conversation_id, record.position, record.previous_id,
+                record.input_json, record.body_json, record.created_at,
+            ),
+        )  # fmt: skip
 
     async def put_file(self, record: FileRecord) -> None:
         await self._run(

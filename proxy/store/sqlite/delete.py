@@ -79,7 +79,7 @@ class SQLiteRemoval:
 
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
         cid = conversation_id
-        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
+        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases", "responses"):
             await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
         await self._truncate_ledger(cid, keep)

@@ -312,3 +312,25 @@ migration(
     ALTER TABLE conversations ADD COLUMN linked_to TEXT;
     """,
 )
+
+
+migration(
+    "m012_responses",
+    """
+    -- What the Responses door issued: answers a client may chain to (previous_response_id) or read back, and the
+    -- compaction checkpoints it handed Codex, each standing for a conversation's first `position` messages.
+    -- Looked up by id within the scope that received it; deleted with the conversation.
+    CREATE TABLE responses (
+        id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        conversation_id TEXT,
+        position INTEGER NOT NULL DEFAULT 0,
+        previous_id TEXT,
+        input_json TEXT,
+        body_json TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX responses_conversation ON responses(conversation_id);
+    """,
+)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import aiosqlite
 
-from proxy.store.records import FileRecord, NewMessage, SummaryRecord
+from proxy.store.records import FileRecord, NewMessage, ResponseRecord, SummaryRecord
 from proxy.store.sqlite.delete import SQLiteRemoval
 from proxy.store.sqlite.ledger import SQLiteLedgerWrites
-from proxy.store.sqlite.reads import FILE_COLUMNS, SUM_COLUMNS, Queries
+from proxy.store.sqlite.reads import FILE_COLUMNS, RESPONSE_COLUMNS, SUM_COLUMNS, Queries
 
 
 class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
@@ -209,6 +209,15 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
 
     async def set_last_model(self, conversation_id: str, model: str) -> None:
         await self.conn.execute("UPDATE conversations SET last_model = ? WHERE id = ?", (model, conversation_id))
+
+    async def put_response(self, record: ResponseRecord) -> None:
+        await self.conn.execute(
+            f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id, record.scope, record.kind, record.conversation_id, record.position, record.previous_id,
+                record.input_json, record.body_json, record.created_at,
+            ),
+        )  # fmt: skip
 
     async def put_file(self, record: FileRecord) -> None:
         await self.conn.execute(
