@@ -288,8 +288,9 @@ def sse_response(reply: Reply, model: str = MODEL, input_tokens: int = 100, outp
     """The events of one response: created, in_progress, the output item (added / parts / done), completed."""
     rid = f"resp_{uuid.uuid4().hex}"
     counter = itertools.count()
-    base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": model, "output": []}
-    events = [
+    base: dict[str, Any] = {"id": rid, "object": "response", "created_at": int(time.time()), "model": model}
+    base["output"] = []
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": base | {"status": "in_progress"}},
         {"type": "response.in_progress", "response": base | {"status": "in_progress"}},
     ]
@@ -298,7 +299,7 @@ def sse_response(reply: Reply, model: str = MODEL, input_tokens: int = 100, outp
         iid = f"msg_{uuid.uuid4().hex}"
         part = {"type": "output_text", "text": reply, "annotations": []}
         item = {"id": iid, "type": "message", "status": "completed", "role": "assistant", "content": [part]}
-        ref = {"item_id": iid, "output_index": 0, "content_index": 0}
+        ref: dict[str, Any] = {"item_id": iid, "output_index": 0, "content_index": 0}
         events += [
             {
                 "type": "response.output_item.added",
@@ -321,7 +322,7 @@ def sse_response(reply: Reply, model: str = MODEL, input_tokens: int = 100, outp
             "arguments": arguments,
             "call_id": reply.call_id,
         }
-        ref = {"item_id": iid, "output_index": 0}
+        ref = {"item_id": iid, "output_index": 0}  # a function call has no content part
         events += [
             {
                 "type": "response.output_item.added",
