@@ -50,6 +50,7 @@ SLOW = (
     "test_serving.py::test_a_dead_worker_is_replaced_and_said_at_warning",
     "test_long_history.py",
     "test_server_window.py::test_a_real_llama_cpp_",
+    "test_codex_harness.py",
 )
 TESTS = Path(__file__).parent
 
