@@ -14,16 +14,16 @@ Messages, never through the OpenAI format (LiteLLM still names the provider, its
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import orjson
 
 from proxy.errors import UpstreamError
-from proxy.upstream.errors import capital, map_litellm_exceptions
+from proxy.upstream.errors import capital
 from proxy.upstream.relay import _client, read_error, too_large
+from proxy.upstream.sse_events import EventStream
 
 DEFAULT_BASE = "https://api.anthropic.com"
 DEFAULT_VERSION = "2023-06-01"
@@ -118,18 +118,6 @@ async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict
     return answer
 
 
-@dataclass
-class Event:
-    """One SSE event of a Messages stream: its bytes as received (relayed unchanged) and its parsed data."""
-
-    raw: bytes
-    data: dict[str, Any]
-
-    @property
-    def type(self) -> str:
-        return str(self.data.get("type", ""))
-
-
 # What an event of each type must hold for a reader (the door's accumulator, the SDKs) to use it.
 SHAPES: dict[str, tuple[tuple[str, type], ...]] = {
     "message_start": (("message", dict),),
@@ -140,74 +128,7 @@ SHAPES: dict[str, tuple[tuple[str, type], ...]] = {
 }
 
 
-def _well_formed(data: dict[str, Any]) -> bool:
-    return all(isinstance(data.get(key), kind) for key, kind in SHAPES.get(str(data.get("type")), ()))
+class MessagesStream(EventStream):
+    """An open Messages stream: its events, each parsed once and checked (``SHAPES``); closed exactly once."""
 
-
-MAX_EVENT_BYTES = 16 << 20  # one event larger than this is a broken stream, not an answer
-
-
-class MessagesStream:
-    """An open Messages stream: its events, each parsed once; closed exactly once."""
-
-    def __init__(
-        self, response: httpx.Response, upstream: str, timeout: float | None = None, credentials: tuple[str, ...] = ()
-    ) -> None:
-        self._response = response
-        self._upstream = upstream
-        self._timeout = timeout
-        self._credentials = credentials
-        self._chunks = response.aiter_raw(1 << 16)
-        self._buffer = b""
-        self._closed = False
-        self._hooks: list[Any] = []
-
-    def on_close(self, hook: Any) -> None:
-        self._hooks.append(hook)
-
-    async def next_event(self) -> Event | None:
-        while True:
-            cut = self._buffer.find(b"\n\n")
-            if cut >= 0:
-                block, self._buffer = self._buffer[: cut + 2], self._buffer[cut + 2 :]
-                event = self._parse(block)
-                if event is not None:
-                    return event
-                continue
-            if len(self._buffer) > MAX_EVENT_BYTES:
-                raise UpstreamError(f"{capital(self._upstream)} sent an event too large to relay.", status=502)
-            with map_litellm_exceptions(self._timeout, self._credentials, self._upstream):
-                chunk = await anext(self._chunks, None)
-            if chunk is None:
-                return self._parse(self._buffer) if self._buffer.strip() else None
-            self._buffer += chunk.replace(b"\r\n", b"\n")
-
-    def _parse(self, block: bytes) -> Event | None:
-        data = b"".join(line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:"))
-        if not data:
-            return None  # a comment or an empty block
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(
-                f"{capital(self._upstream)} sent a stream event that is not JSON.", status=502
-            ) from None
-        if not isinstance(parsed, dict) or not _well_formed(parsed):
-            raise UpstreamError(
-                f"{capital(self._upstream)} sent a malformed stream event.", status=502, code="upstream_bad_stream"
-            )
-        return Event(block if block.endswith(b"\n\n") else block + b"\n\n", parsed)
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while (event := await self.next_event()) is not None:
-            yield event
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._response.aclose()
-        finally:
-            for hook in self._hooks:
-                hook()
+    SHAPES = SHAPES

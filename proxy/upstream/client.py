@@ -41,8 +41,7 @@ from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.redaction import environment_credentials, rules
 from proxy.types import ChatBody, JSONObject
-from proxy.upstream import anthropic
-from proxy.upstream.anthropic import MessagesStream
+from proxy.upstream import anthropic, responses
 from proxy.upstream.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.upstream.errors import (
     DEFAULT_UPSTREAM,
@@ -54,6 +53,7 @@ from proxy.upstream.errors import (
     translate_exception,
 )
 from proxy.upstream.loading import is_passthrough, load_litellm, without_success_logging
+from proxy.upstream.native import MESSAGES_CALL, RESPONSES_CALL, NativeCalls
 from proxy.upstream.openai import OPENAI_CALLS, OWN_CLIENT_CALLS, openai_client, unsupported
 from proxy.upstream.params import (
     PLACEHOLDER_KEY,
@@ -72,6 +72,7 @@ from proxy.upstream.relay import (
 from proxy.upstream.rounds import Round
 from proxy.upstream.routing import ResolvedModel
 from proxy.upstream.shapes import response_to_json
+from proxy.upstream.sse_events import EventStream
 from proxy.upstream.stream import UpstreamStream, litellm_chunks, sse_chunks
 from proxy.upstream.windows import ServerWindows
 
@@ -105,7 +106,7 @@ def _embedding_threads() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(EMBEDDING_THREADS, thread_name_prefix="lcm-embeddings")
 
 
-class Upstream:
+class Upstream(NativeCalls):
     def __init__(self, settings: GeneralSettings) -> None:
         self._settings = settings
         self._litellm = load_litellm()
@@ -202,7 +203,7 @@ class Upstream:
                 except BaseException:
                     end()
                     raise
-                if isinstance(result, UpstreamStream | MessagesStream):
+                if isinstance(result, UpstreamStream | EventStream):
                     result.on_close(end)  # busy until the stream is closed
                 else:
                     end()
@@ -237,6 +238,8 @@ class Upstream:
                         return await self._embedding(kwargs, upstream)
                     if function == MESSAGES_CALL:
                         return await anthropic.send(self._litellm, kwargs, kwargs.get("messages_path", "/messages"))
+                    if function == RESPONSES_CALL:
+                        return await responses.send(self._litellm, kwargs)
                     if function in OPENAI_CALLS:
                         return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
@@ -385,49 +388,3 @@ class Upstream:
 
         stream: UpstreamStream = await self._call(target, lambda c: self._kwargs(c, body, stream=True), opened=primed)
         return stream
-
-    # Anthropic's Messages API, natively (``proxy.upstream.anthropic``)
-
-    def speaks_messages(self, target: ResolvedModel) -> bool:
-        """Whether ``target``'s deployment is an Anthropic one, called with Messages requests natively."""
-        kwargs, _ = self.call_kwargs(target)
-        return anthropic.is_anthropic(self._litellm, kwargs)
-
-    def _messages_kwargs(
-        self, candidate: ResolvedModel, body: JSONObject, headers: dict[str, str], stream: bool, path: str
-    ) -> tuple[dict[str, Any], float]:
-        kwargs, timeout = self.call_kwargs(candidate, stream)
-        return {**kwargs, "messages_body": body, "client_headers": headers, "messages_path": path}, timeout
-
-    async def messages(
-        self, target: ResolvedModel, body: JSONObject, headers: dict[str, str], path: str = "/messages"
-    ) -> JSONObject:
-        """A non-streamed Messages answer (or count_tokens' with ``path``) of an Anthropic deployment."""
-        limit = self._settings.max_upstream_response_bytes
-
-        async def opened(candidate: ResolvedModel, response: Any, kwargs: dict[str, Any], timeout: float) -> Any:
-            with map_litellm_exceptions(timeout, call_credentials(kwargs), describe_upstream(candidate)):
-                return await anthropic.read_json(response, limit, describe_upstream(candidate))
-
-        def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
-            return self._messages_kwargs(candidate, body, headers, False, path)
-
-        result: JSONObject = await self._call(target, build, MESSAGES_CALL, opened)
-        return result
-
-    async def open_messages_stream(
-        self, target: ResolvedModel, body: JSONObject, headers: dict[str, str]
-    ) -> MessagesStream:
-        """A streamed Messages answer of an Anthropic deployment, its status checked (early failures raise)."""
-
-        async def opened(candidate: ResolvedModel, response: Any, kwargs: dict[str, Any], timeout: float) -> Any:
-            return MessagesStream(response, describe_upstream(candidate), timeout, call_credentials(kwargs))
-
-        def build(candidate: ResolvedModel) -> tuple[dict[str, Any], float]:
-            return self._messages_kwargs(candidate, body, headers, True, "/messages")
-
-        stream: MessagesStream = await self._call(target, build, MESSAGES_CALL, opened)
-        return stream
-
-
-MESSAGES_CALL = "anthropic_messages"  # ``Upstream._send``'s name for a native Messages call

@@ -41,6 +41,7 @@ class ResolvedModel:
     supports_function_calling: bool | None = None
     token_margin: float | None = None  # from model_info; see ``proxy.tokens.token_margin``
     deployment: str = ""  # "model_list[3]": the entry it came from (its in-flight count and cooldown)
+    mode: str | None = None  # model_info.mode (LiteLLM's key): "responses" calls it with the Responses API
     # This model's deployments (this one first), then each fallback model's; empty: this deployment alone.
     tiers: tuple[Tier, ...] = ()
 
@@ -158,4 +159,10 @@ def _resolved(name: str, index: int, deployment: ModelDeployment, captured: str)
         supports_function_calling=info.supports_function_calling,
         token_margin=info.token_margin,
         deployment=f"model_list[{index}]",
+        mode=_mode(info.model_extra),
     )
+
+
+def _mode(extra: dict[str, Any] | None) -> str | None:
+    mode = (extra or {}).get("mode")
+    return mode if isinstance(mode, str) else None

@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from proxy.types import ChatBody, JSONObject, Message, Messages
+from proxy.upstream.sse_events import sse_bytes as sse_bytes  # the Messages door's name for it
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -412,8 +413,3 @@ class ChatToMessagesStream:
         )
         events.append({"type": "message_stop"})
         return events
-
-
-def sse_bytes(event: dict[str, Any]) -> bytes:
-    """One event as an SSE frame: ``event: <type>`` and its compact JSON."""
-    return b"event: " + str(event.get("type", "")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
