@@ -45,6 +45,7 @@ from proxy.wire.messages.routes import MESSAGES_ROUTES
 from proxy.wire.models import MODEL_ROUTES
 from proxy.wire.passthrough.routes import PASSTHROUGH_ROUTES
 from proxy.wire.ratelimit import TokenBuckets
+from proxy.wire.responses.routes import RESPONSES_ROUTES
 from proxy.wire.shutdown import AnswerOnShutdown
 from proxy.wire.state import AppState
 
@@ -161,6 +162,7 @@ def create_app(config: ProxyConfig, *, serving: bool = False, bind_host: str | N
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/chat/completions", routes.chat_completions, methods=["POST"]),
             *MESSAGES_ROUTES,
+            *RESPONSES_ROUTES,
             *MODEL_ROUTES,
             *ADMIN_ROUTES,
             *PASSTHROUGH_ROUTES,
