@@ -19,6 +19,8 @@ from proxy.upstream.client import Upstream, load_litellm
 from proxy.upstream.responses import ResponsesStream, client_headers, is_responses
 from proxy.upstream.routing import ResolvedModel
 from proxy.upstream.sse_events import Event
+from tests.support.fake_responses import FakeResponses, RReply
+from tests.support.servers import serve_in_thread
 
 API = "http://upstream.test/v1"
 TARGET = ResolvedModel(
@@ -312,3 +314,34 @@ def test_a_stream_over_loopback_reads_events_split_across_chunks(upstream: Upstr
         return [event async for event in stream]
 
     assert [e.data for e in run(go())] == [CREATED, ADDED, DELTA, COMPLETED]
+
+
+def test_against_the_fake_over_loopback() -> None:
+    """The fake Responses upstream on a real socket: a streamed answer read natively, a refusal mapped."""
+    fake = FakeResponses()
+    fake.enqueue(RReply(text="hi there", function_calls=[{"name": "shell", "arguments": {"command": "ls"}}]))
+    upstream = Upstream(GeneralSettings(request_timeout=5))
+    with serve_in_thread(fake.app) as url:
+        target = ResolvedModel(alias="codex", litellm_params={"model": "openai/responses/gpt-5-codex",
+                               "api_base": f"{url}/v1", "api_key": "sk-up"}, max_input_tokens=None,
+                               max_output_tokens=None)  # fmt: skip
+        headers = client_headers({"session-id": "s1", "authorization": "Bearer client"})
+
+        async def go() -> list[Event]:
+            stream = await upstream.open_responses_stream(target, {**BODY, "stream": True}, headers)
+            try:
+                return [event async for event in stream]
+            finally:
+                await stream.aclose()
+
+        events = run(go())
+        compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "ours"}
+        with pytest.raises(UpstreamError) as refused:
+            run(upstream.responses(target, {**BODY, "input": [*BODY["input"], compaction]}, headers))
+    assert events[-1].type == "response.completed"
+    assert [e.data["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1].data["response"]["output"][1]["name"] == "shell"
+    assert fake.requests[0].body["model"] == "gpt-5-codex" and fake.requests[0].headers["session-id"] == "s1"
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-up"
+    assert refused.value.status == 400 and refused.value.code == "invalid_encrypted_content"
+    assert "could not be verified" in refused.value.message
