@@ -121,12 +121,16 @@ async def _longest_prefix(q: Reads, scope: str, chains: list[str], among: list[s
     return Located(best, common)
 
 
+# The roles of what a model answers: a message, and in the Responses format a call or a reasoning item.
+ANSWER_ROLES = ("assistant", "tool_call", "reasoning")
+
+
 async def replaces_relayed_answer(q: Reads, located: Located, transcript: Messages, dialect: Dialect) -> bool:
     """Whether the request differs from its conversation only in the answer the proxy relayed and stored last
     (``proxy.engine.answers``): the client's version then replaces it."""
     conversation, common = located.conversation, located.common
     if conversation is None or common != conversation.message_count - 1 or common >= len(transcript):
         return False
-    if dialect.role(transcript[common]) != "assistant":
+    if dialect.role(transcript[common]) not in ANSWER_ROLES:
         return False
     return await q.replaceable_answer(conversation.id) == common

@@ -39,10 +39,13 @@ def client_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def upstream_body(body: dict[str, Any], items: Messages) -> dict[str, Any]:
+    """What the upstream receives. A reasoning item without ``encrypted_content`` is left out: with ``store:
+    false`` the upstream has no copy to look it up by id (it refuses it), and the client did not ask for the
+    content (``include``) that would let it be replayed."""
     out = {k: v for k, v in body.items() if k not in ("previous_response_id", "input")}
-    out["input"] = items
+    out["input"] = [i for i in items if i.get("type") != "reasoning" or i.get("encrypted_content")]
     out["store"] = False
-    if any(i.get("type") == "reasoning" for i in items) or body.get("reasoning"):
+    if body.get("reasoning"):  # a reasoning model: its reasoning comes back replayable
         include = [x for x in body.get("include") or [] if isinstance(x, str)]
         out["include"] = include if ENCRYPTED_REASONING in include else [*include, ENCRYPTED_REASONING]
     return out
