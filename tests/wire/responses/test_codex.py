@@ -42,6 +42,18 @@ def _rows(proxy: Any, sql: str) -> list[Any]:
         return conn.execute(sql).fetchall()
 
 
+def assert_paired(messages: list[dict[str, Any]]) -> None:
+    """Every tool message answers a call of the assistant message before it, and every call is answered."""
+    open_calls: set[str] = set()
+    for message in messages:
+        if message.get("role") == "tool":
+            assert message["tool_call_id"] in open_calls, message
+            open_calls.discard(message["tool_call_id"])
+            continue
+        assert not open_calls, (open_calls, message)
+        open_calls = {c["id"] for c in message.get("tool_calls") or []}
+
+
 class Model:
     """The scripted model behind either fake: turn 1 states the fact, a request to read the notes calls the shell
     tool once, a "BIG" turn reports a context past Codex's compaction limit."""
@@ -133,6 +145,10 @@ def test_codex_runs_a_session_with_a_tool_call_in_a_window_the_proxy_compacts(
     assert all(RULE in t for t in texts), "AGENTS.md is in every forwarded request"
     assert len(_rows(proxy, "SELECT id FROM conversations")) == 1  # one conversation
     assert _rows(proxy, "SELECT count(*) FROM summaries")[0][0] > 0  # the proxy compacted
+    if kind == "translated":  # the strict fake checks these itself for the native kind
+        for request in (r for r in fake_upstream.requests if r.body.get("tools")):
+            assert_paired(request.body["messages"])
+            assert len(json.dumps([request.body["messages"], request.body["tools"]])) // 4 <= window
     assert "ZEBRA-9" in texts[-1]  # a summary, the tail or a recalled excerpt carries the assistant's fact
 
 
