@@ -21,8 +21,9 @@ async def export_conversation(store: Store, files: Blobs, tenant: str | None, co
 
 async def history(store: Store, files: Blobs, scope: str, conversation_id: str, upto: int) -> Messages | None:
     """The conversation's first ``upto`` messages (its instructions not among them) exactly as the client sent
-    them; None when ``scope`` has no such conversation or it holds fewer messages."""
-    conversation = await store.read.conversation(scope, conversation_id)
+    them; None when ``scope`` has no such conversation or it holds fewer messages. A deleted conversation kept
+    for its forks still has the prefix they share (what a fork's chain or checkpoint may point into)."""
+    conversation = await store.read.conversation(scope, conversation_id, deleted=True)
     if conversation is None or conversation.message_count < upto:
         return None
     return await _restored(store, files, conversation_id, upto)

@@ -61,9 +61,11 @@ class PostgresRemoval:
 
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
         cid = conversation_id
-        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases", "responses"):
+        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self._run(f"DELETE FROM lcm.{table} WHERE conversation_id = %s", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
+        # What the door issued for it, but for what falls in the prefix kept for its forks.
+        await self._run("DELETE FROM lcm.responses WHERE conversation_id = %s AND position >= %s", (cid, keep))
         await self._truncate_ledger(cid, keep)
         linked = await self._all(
             "SELECT DISTINCT mf.file_id FROM lcm.message_files mf JOIN lcm.messages m ON m.id = mf.message_id"

@@ -79,9 +79,11 @@ class SQLiteRemoval:
 
     async def remove_conversation(self, conversation_id: str, keep: int) -> Removed:
         cid = conversation_id
-        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases", "responses"):
+        for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
+        # What the door issued for it, but for what falls in the prefix kept for its forks.
+        await self.conn.execute("DELETE FROM responses WHERE conversation_id = ? AND position >= ?", (cid, keep))
         await self._truncate_ledger(cid, keep)
         linked = await self._fetch(
             "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"

@@ -14,7 +14,7 @@ its two ways of compacting, and where its compacted history stands in a later re
   checkpoint handle, which Codex replays in place of everything it compacted.
 
 After either, Codex's next request holds its base prompt, the user messages it kept, its other instructions
-(re-inserted before the last kept user message), then the checkpoint and the new prompt. ``checkpoint_at``
+(re-inserted before the last kept user message), then the checkpoint and the new prompt. ``checkpoints``
 finds the checkpoint; the user messages before it stand for the conversation's first messages, and the door puts
 those messages back (``rebuilt``), so the engine sees the conversation it stores, continued, with its
 instructions in their first place, and nothing Codex compacted away is lost.
@@ -22,7 +22,8 @@ instructions in their first place, and nothing Codex compacted away is lost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -110,19 +111,18 @@ class Checkpoint(NamedTuple):
     item: bool  # a compaction item (its handle must be the proxy's), else a marker in a summary message
 
 
-def checkpoint_at(items: Messages) -> Checkpoint | None:
-    """The request's newest compaction item, or user message holding a checkpoint marker, after its leading
-    instructions."""
+def checkpoints(items: Messages) -> Iterator[Checkpoint]:
+    """The request's compaction items, and its user messages that end with a checkpoint marker (as the summary
+    the proxy wrote for Codex's local compaction does), after its leading instructions, newest first."""
     start = RESPONSES.instruction_count(items)
-    for index in range(len(items) - 1, start - 1, -1):
-        item = items[index]
+    for at in range(len(items) - 1, start - 1, -1):
+        item = items[at]
         if kind(item) == "compaction":
-            return Checkpoint(index, str(item.get("encrypted_content") or ""), True)
-        if kind(item) == "message" and item.get("role") == "user":
+            yield Checkpoint(at, str(item.get("encrypted_content") or ""), True)
+        elif kind(item) == "message" and item.get("role") == "user":
             text = RESPONSES.text(item)
-            if CHECKPOINT_PREFIX in text and (found := CHECKPOINT.findall(text)):
-                return Checkpoint(index, found[-1], False)
-    return None
+            if CHECKPOINT_PREFIX in text and (found := MARKER.search(text)):
+                yield Checkpoint(at, found.group(1), False)
 
 
 def rebuilt(items: Messages, found: Checkpoint, history: Messages) -> Messages:
@@ -135,8 +135,12 @@ def rebuilt(items: Messages, found: Checkpoint, history: Messages) -> Messages:
 
 
 def summary_text(digest: str, handle: str) -> str:
-    """The answer to Codex's local compaction: the digest, and the marker that names what it stands for."""
+    """The answer to Codex's local compaction: the digest, and the marker that names what it stands for (last:
+    only a message that ends with it is taken for the summary, not one that quotes it)."""
     return (
         f"{digest}\n\n[lcm-proxy checkpoint {handle}: lcm-proxy keeps every earlier message of this session and"
         " puts them back in context as they are needed.]"
     )
+
+
+MARKER = re.compile(r"\[lcm-proxy checkpoint (" + CHECKPOINT.pattern + r"):[^\[\]]*\]\s*\Z")

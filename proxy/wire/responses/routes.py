@@ -42,7 +42,7 @@ from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_bo
 from proxy.wire.responses import codex
 from proxy.wire.responses.calls import Opened, client_headers, complete, open_stream, upstream_body
 from proxy.wire.responses.events import ENDINGS, Numbering, Output, failure, shell, sse, whole
-from proxy.wire.responses.issued import Issued, foreign, response_id
+from proxy.wire.responses.issued import Issued, Saved, foreign, response_id
 from proxy.wire.responses.validation import validate_request
 from proxy.wire.streaming import ClosingStream
 
@@ -62,24 +62,19 @@ def _state(request: Request) -> AppState:
 
 
 async def expand(call: Call, issued: Issued, items: Messages) -> Messages:
-    """``items`` with a checkpoint (Codex's compaction item, or a summary carrying the proxy's marker) and what
-    Codex kept before it replaced by the stored messages it stands for. A compaction item the proxy did not
-    issue to this scope is refused (it must never reach an upstream); an unknown marker is only text."""
-    found = codex.checkpoint_at(items)
-    if found is None:
-        return items
-    where = f"input[{found.at}].encrypted_content"
-    point = await issued.point(call.scope, found.handle)
-    if point is None:
+    """``items`` with their newest checkpoint (Codex's compaction item, or a summary ending in the proxy's marker)
+    and what Codex kept before it replaced by the stored messages it stands for. A compaction item the proxy did
+    not issue to this scope is refused (it must never reach an upstream); a marker that names nothing the
+    scope was given is only text, and the search goes on to older items."""
+    for found in codex.checkpoints(items):
+        where = f"input[{found.at}].encrypted_content"
+        point = await issued.point(call.scope, found.handle)
+        history = await call.state.engine.history(call.scope, *point) if point is not None else None
+        if history is not None:
+            return codex.rebuilt(items, found, history)
         if found.item:
             raise foreign(where)
-        return items
-    history = await call.state.engine.history(call.scope, *point)
-    if history is None:
-        if found.item:
-            raise foreign(where)
-        return items
-    return codex.rebuilt(items, found, history)
+    return items
 
 
 class Turn:
@@ -121,10 +116,17 @@ class Turn:
             if record is not None and len(output) == 1:  # one item: the conversation's next message
                 await record(output[0])
         if self.stores:
-            conversation = prepared.conversation_id if prepared is not None else None
-            previous = body.get("previous_response_id")
-            await self.issued.save(self.call.scope, response, self.own, previous, conversation)
+            await self.issued.save(self.call.scope, response, self.saved(prepared))
         return response
+
+    def saved(self, prepared: Prepared | None) -> Saved:
+        """Where the stored response's input is: its conversation's messages, or its own items."""
+        items = self.call.transcript
+        start = RESPONSES.instruction_count(items)
+        previous = self.call.body.get("previous_response_id")
+        if prepared is None or prepared.conversation_id is None:
+            return Saved(None, 0, [], self.own, previous)
+        return Saved(prepared.conversation_id, prepared.transcript_length, items[:start], [], previous)
 
     async def complete(self, prepared: Prepared | None) -> tuple[dict[str, Any], Prepared | None]:
         state, target = self.call.state, self.call.target
@@ -156,9 +158,9 @@ async def create_response(request: Request) -> Response:
         tenant = state.auth.tenant_for(request)
         settings = state.config.general_settings
         body = validate_request(await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout))
-        scope = user_scope(tenant, request_user(request))
+        scope = user_scope(tenant, request_user(request, body.get("user")))
         target = state.router.resolve(body["model"])
-        issued = Issued(state.engine.store)
+        issued = Issued(state.engine.store, state.engine.history)
         own: Messages = body["input"]
         previous = body.get("previous_response_id")
         items = [*(await issued.chain(scope, previous)), *own] if previous else own
@@ -170,10 +172,13 @@ async def create_response(request: Request) -> Response:
         )  # fmt: skip
         call.gone = request.is_disconnected
         call.link_key = codex.parent_key(request.headers)
-        call.messages = await expand(call, issued, items)
+        lcm = state.config.lcm_settings.enabled
+        if lcm:  # with LCM off, a compaction item is the upstream's own, and the upstream's to judge
+            call.messages = await expand(call, issued, items)
+        if not call.transcript:
+            raise InvalidRequestError("Invalid 'input': expected at least one item.", param="input")
         native = state.upstream.speaks_responses(target)
         turn = Turn(call, native, client_headers(request.headers), issued, own)
-        lcm = state.config.lcm_settings.enabled
         if lcm and codex.is_trigger(call.transcript):
             return await _answer_compaction(turn, headers, remote=True)
         if lcm and codex.is_local_compaction(request.headers, call.transcript) and len(call.transcript) > 1:
@@ -358,7 +363,7 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str], remote: bool) 
     }  # fmt: skip
     response = {**shell(turn.id, turn.model, call.body, "completed"), "output": [item], "usage": usage}
     if turn.stores:
-        await turn.issued.save(call.scope, response, turn.own, call.body.get("previous_response_id"), None)
+        await turn.issued.save(call.scope, response, turn.saved(prepared))
     headers["x-lcm-client-compaction"] = "answered"
     background = _background(call, prepared)
     if not call.body.get("stream"):
@@ -381,7 +386,8 @@ async def get_response(request: Request) -> Response:
         tenant = state.auth.tenant_for(request)
         scope = user_scope(tenant, request_user(request))
         wanted = request.path_params["response_id"]
-        found = await Issued(state.engine.store).stored(scope, wanted) if len(wanted) <= 200 else None
+        issued = Issued(state.engine.store, state.engine.history)
+        found = await issued.stored(scope, wanted) if len(wanted) <= 200 else None
         if found is None:
             raise NotFoundError(f"Response with id '{wanted[:100]}' not found.", param="response_id")
         return JSONResponse(found)

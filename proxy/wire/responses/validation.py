@@ -109,6 +109,8 @@ def validate_request(body: Any) -> dict[str, Any]:
     for i, tool in enumerate(body.get("tools") or []):
         _expect(tool, dict, f"tools[{i}]", "an object")
         _expect(tool.get("type"), str, f"tools[{i}].type", "a string")
+    if body.get("previous_response_id") == "":
+        raise invalid("previous_response_id", "must not be empty.")
     tokens = body.get("max_output_tokens")
     if tokens is not None:
         _expect(tokens, int, "max_output_tokens", "an integer")

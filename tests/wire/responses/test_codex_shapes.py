@@ -64,17 +64,24 @@ def test_the_newest_checkpoint_after_the_instructions_is_found() -> None:
     summary = message("user", codex.summary_text("what happened", HANDLE))
     older = message("user", codex.summary_text("before", "lcm_ckpt_" + "B" * 43))
     items = [BASE, AGENTS, older, message("user", "kept"), summary, message("user", "next")]
-    found = codex.checkpoint_at(items)
+    found = first(items)
     assert found == codex.Checkpoint(4, HANDLE, False)
     item = {"type": "compaction", "encrypted_content": "anything"}
-    assert codex.checkpoint_at([BASE, message("user", "kept"), item, message("user", "n")]) == codex.Checkpoint(
-        2, "anything", True
-    )
-    assert codex.checkpoint_at([BASE, message("user", "no marker here")]) is None
+    assert first([BASE, message("user", "kept"), item, message("user", "n")]) == codex.Checkpoint(2, "anything", True)
+    assert first([BASE, message("user", "no marker here")]) is None
 
 
 def test_the_marker_written_into_a_summary_is_what_the_door_looks_for() -> None:
     assert CHECKPOINT.findall(codex.summary_text("digest", HANDLE)) == [HANDLE]
+    # Only a message that ends with the marker is a summary: one that quotes it (a pasted log) is not.
+    quoted = message("user", f"why does my log say {codex.summary_text('x', HANDLE)} here?")
+    assert first([BASE, quoted]) is None
+    candidates = list(codex.checkpoints([BASE, message("user", codex.summary_text("d", HANDLE)), quoted]))
+    assert [c.at for c in candidates] == [1]
+
+
+def first(items: list[dict[str, Any]]) -> codex.Checkpoint | None:
+    return next(codex.checkpoints(items), None)
 
 
 FIXTURES = Path(__file__).parents[2] / "support" / "fixtures" / "codex"
@@ -108,7 +115,7 @@ def test_codexs_history_after_its_compaction_is_rebuilt_to_the_history_before_it
     if after.startswith("c"):  # the local summary: the proxy's marker where the fake's summary was
         summary = next(i for i in after_items if RESPONSES.text(i).startswith("Another language model"))
         summary["content"][0]["text"] += codex.summary_text("digest", HANDLE)
-    found = codex.checkpoint_at(after_items)
+    found = first(after_items)
     assert found is not None and found.item == after.startswith("d")
     rebuilt = codex.rebuilt(after_items, found, asked[start:])
     newest = after_items[found.at + 1 :]
