@@ -1,5 +1,5 @@
-"""A hostile review of the Responses door: every test here fails against the code as reviewed. Each docstring
-says what is wrong and what the right behaviour is. Nothing in ``proxy/`` was changed."""
+"""A hostile review of the Responses door: each test failed against the door as first written, and its docstring
+says what was wrong and what the right behaviour is (the line numbers are those of the reviewed code)."""
 
 from __future__ import annotations
 
