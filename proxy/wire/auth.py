@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 
 from proxy.config.settings import ApiKey
 from proxy.errors import AuthenticationError, InvalidRequestError
@@ -58,7 +58,7 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def caller(self, request: Request) -> Caller:
+    def caller(self, request: HTTPConnection) -> Caller:
         if not self._keys:
             return Caller(DEFAULT_TENANT, admin=True)  # one tenant, on loopback: its operator
         header = request.headers.get("authorization", "")

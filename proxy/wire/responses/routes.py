@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
@@ -396,18 +396,22 @@ async def get_response(request: Request) -> Response:
 
 
 async def no_websocket(websocket: WebSocket) -> None:
-    """Responses over a WebSocket is not served: the upgrade is refused with a 426, after which Codex uses HTTP
-    requests at once (FIELD-NOTES; a 404 or 405 costs it one to seven more attempts, a 400 fails its turn)."""
-    await websocket.send_denial_response(_upgrade_refused())
+    """Responses over a WebSocket is not served: the upgrade is refused with a 426 (a 401 without a valid key),
+    after which Codex uses HTTP requests at once (FIELD-NOTES; a 404 or 405 costs it one to seven more
+    attempts, a 400 fails its turn)."""
+    await websocket.send_denial_response(_upgrade_refused(websocket))
 
 
 async def no_upgrade(request: Request) -> Response:
-    """``GET /v1/responses`` without an upgrade the server took for one: the same 426."""
-    del request
-    return _upgrade_refused()
+    """``GET /v1/responses`` without an upgrade the server took for one: the same answer."""
+    return _upgrade_refused(request)
 
 
-def _upgrade_refused() -> Response:
+def _upgrade_refused(connection: HTTPConnection) -> Response:
+    try:
+        connection.app.state.lcm.auth.caller(connection)
+    except REPORTED as error:
+        return error_response(to_proxy_error(error))
     return JSONResponse(
         {"error": {"message": "lcm-proxy serves the Responses API over HTTP only: set supports_websockets = false.",
                    "type": "invalid_request_error", "param": None, "code": "websocket_not_supported"}},
