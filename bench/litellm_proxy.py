@@ -80,21 +80,17 @@ def install(version: str) -> tuple[Path | None, str]:
     return VENV / "bin" / "litellm", ""
 
 
-def write_config(path: Path, upstream: str, models: list[str], anthropic: tuple[str, ...] = ()) -> None:
-    """``models`` (``openai/``) and ``anthropic`` (``anthropic/``, whose ``/v1/messages`` it posts to
-    ``{api_base}/v1/messages``) pointing at the fake upstream; no master key, no database, nothing logged or
-    tracked."""
+def write_config(path: Path, upstream: str, models: list[str], deployments: list[dict[str, Any]]) -> None:
+    """``models`` (``openai/``) and ``deployments`` (whole ``model_list`` entries) pointing at the fake upstream;
+    no master key, no database, nothing logged or tracked."""
 
-    def deployment(name: str, model: str, api_base: str) -> dict[str, Any]:
+    def deployment(name: str) -> dict[str, Any]:
         # max_retries 0: the same as lcm-proxy and the bare forwarder (retries never fire here anyway).
-        params = {"model": model, "api_base": api_base, "api_key": "k-12345678", "max_retries": 0}
+        params = {"model": f"openai/{name}", "api_base": f"{upstream}/v1", "api_key": "k-12345678", "max_retries": 0}
         return {"model_name": name, "litellm_params": params}
 
     config: dict[str, Any] = {
-        "model_list": [
-            *(deployment(name, f"openai/{name}", f"{upstream}/v1") for name in models),
-            *(deployment(name, f"anthropic/{name}", upstream) for name in anthropic),
-        ],
+        "model_list": [*(deployment(name) for name in models), *deployments],
         "litellm_settings": {
             # Its production checklist: verbose logging off. No callbacks are configured at all.
             "set_verbose": False,

@@ -14,8 +14,12 @@ lcm-proxy. The baseline is the fake upstream called directly by the same client.
    OpenAI-compatible one (translated to the fake's ``/v1/chat/completions``), and through LiteLLM proxy's
    ``/v1/messages`` to the same two kinds of deployment. The baseline is the fake's ``/v1/messages`` called
    directly. The bare forwarders have no such route.
-3. Throughput of the short non-streaming request at 1, 8 and 64 concurrent clients.
-4. lcm-proxy's figures divided by each comparator's, next to the targets of the performance issue.
+3. OpenAI's ``/v1/responses``, the same way: through lcm-proxy's Responses door to an ``openai/responses/``
+   deployment (native: the fake's own ``/v1/responses``) and to an ``openai/`` chat one (translated), and
+   through LiteLLM proxy's ``/v1/responses`` to the same two. The baseline is the fake's ``/v1/responses``.
+   (``bench/overhead_doors.py`` holds both doors' requests, deployments and tables.)
+4. Throughput of the short non-streaming request at 1, 8 and 64 concurrent clients.
+5. lcm-proxy's figures divided by each comparator's, next to the targets of the performance issue.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,46 +44,40 @@ import yaml
 
 from bench import litellm_proxy
 from bench.ingest import transcript
+from bench.overhead_doors import (
+    AIOHTTP,
+    BASELINE,
+    COMPARATORS,
+    DOOR_ROWS,
+    DOORS,
+    JSON_HEADERS,
+    LCM,
+    LITELLM_PROXY,
+    LITELLM_SDK,
+    SHORT_MESSAGES,
+    Door,
+    DoorResult,
+    added_p50,
+    door_ratio_rows,
+    latency_rows,
+    lcm_deployments,
+    litellm_deployments,
+    p,
+    print_door_table,
+    ratio,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-BASELINE = "upstream directly (baseline)"
-AIOHTTP = "bare aiohttp forwarder"
-LITELLM_SDK = "bare litellm.acompletion forwarder"
-LITELLM_PROXY = "LiteLLM proxy"
-LCM = "lcm-proxy"
-COMPARATORS = (AIOHTTP, LITELLM_SDK, LITELLM_PROXY)
 
 CLIENTS = (1, 8, 64)
 LONG_MESSAGES = 300  # system prompt + 299 turns, ending with a user turn
 LONG_WINDOW = 8000  # lcm-proxy's max_input_tokens for the long conversation: well under its ~12k tokens
 
-SHORT = {"model": "m", "messages": [{"role": "user", "content": "Hello there, how are you today?"}]}
+SHORT = {"model": "m", "messages": SHORT_MESSAGES}
 # Bodies are encoded once: the client's own JSON encoding would otherwise be part of every figure.
 SHORT_BODY = orjson.dumps(SHORT)
 STREAM_BODY = orjson.dumps({**SHORT, "stream": True})
 LONG_BODY = orjson.dumps({"model": "long", "messages": transcript(LONG_MESSAGES - 1)})
-JSON_HEADERS = {"content-type": "application/json"}
-
-# Anthropic's /v1/messages: one model name per kind of deployment, in lcm-proxy's config and LiteLLM proxy's.
-NATIVE = "claude-native"  # anthropic/ with api_base the fake: the fake's /v1/messages
-TRANSLATED = "claude-translated"  # openai/ with api_base the fake: its /v1/chat/completions
-MESSAGES_HEADERS = {**JSON_HEADERS, "x-api-key": "k-12345678", "anthropic-version": "2023-06-01"}
-
-
-def messages_body(model: str, stream: bool) -> bytes:
-    body: dict[str, Any] = {"model": model, "max_tokens": 64, "messages": SHORT["messages"]}
-    return orjson.dumps({**body, "stream": True} if stream else body)
-
-
-# (row name, model) of the Messages table per server measured; the fake ignores the model name.
-MESSAGES_ROWS = {
-    BASELINE: [(BASELINE, NATIVE)],
-    LITELLM_PROXY: [
-        (f"{LITELLM_PROXY}, anthropic/ deployment", NATIVE),
-        (f"{LITELLM_PROXY}, openai/ deployment (translated)", TRANSLATED),
-    ],
-    LCM: [(f"{LCM}, anthropic/ deployment (native)", NATIVE), (f"{LCM}, openai/ deployment (translated)", TRANSLATED)],
-}
 
 
 class BenchError(Exception):
@@ -123,16 +120,6 @@ class Result:
     long: list[float] = field(default_factory=list)
     load: dict[int, list[float]] = field(default_factory=dict)  # clients -> latencies
     rps: dict[int, float] = field(default_factory=dict)  # clients -> requests per second
-
-
-@dataclass
-class MessagesResult:
-    """One row group of the /v1/messages table: seconds, as in ``Result``."""
-
-    name: str
-    short: list[float] = field(default_factory=list)
-    stream_first: list[float] = field(default_factory=list)
-    stream_total: list[float] = field(default_factory=list)
 
 
 # --- processes ---------------------------------------------------------------------------------------------
@@ -206,16 +193,13 @@ def lcm_proxy_server(upstream: str, tmp: Path) -> Server:
         params = {"model": f"openai/{name}", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}
         return {"model_name": name, "litellm_params": params, "model_info": info}
 
-    # The Messages door's native path posts to {api_base}/v1/messages.
-    native = {"model": f"anthropic/{NATIVE}", "api_base": upstream, "api_key": "k-12345678"}
     config = tmp / "lcm-proxy.yaml"
     settings = {
         # The long conversation's model has a small window, so lcm-proxy compacts it (once, during warm-up).
         "model_list": [
             model("m"),
             model("long", max_input_tokens=LONG_WINDOW),
-            {"model_name": NATIVE, "litellm_params": native, "model_info": {}},
-            model(TRANSLATED),
+            *lcm_deployments(upstream),
         ],
         "general_settings": {"port": port, "data_dir": str(tmp / "lcm-data"), "log_level": "warning"},
     }
@@ -231,7 +215,7 @@ def comparators(upstream: str, tmp: Path, litellm_exe: Path | None) -> list[Serv
     if litellm_exe is not None:
         port = free_port()
         config = tmp / "litellm-proxy.yaml"
-        litellm_proxy.write_config(config, upstream, ["m", "long", TRANSLATED], anthropic=(NATIVE,))
+        litellm_proxy.write_config(config, upstream, ["m", "long"], litellm_deployments(upstream))
         servers.append(
             Server(
                 LITELLM_PROXY,
@@ -250,12 +234,12 @@ def comparators(upstream: str, tmp: Path, litellm_exe: Path | None) -> list[Serv
 
 
 async def send(
-    session: aiohttp.ClientSession, body: bytes, stream: bool, anthropic: bool = False
+    session: aiohttp.ClientSession, body: bytes, stream: bool, door: Door | None = None
 ) -> tuple[float, float]:
-    """One chat request, or with ``anthropic`` one /v1/messages request: (seconds to the first SSE data line, or
-    to the whole body; seconds to the end)."""
+    """One chat request, or one to ``door``: (seconds to the first SSE data line, or to the whole body; seconds
+    to the end)."""
     start = time.perf_counter()
-    path, headers = ("/v1/messages", MESSAGES_HEADERS) if anthropic else ("/v1/chat/completions", JSON_HEADERS)
+    path, headers = (door.path, door.headers) if door else ("/v1/chat/completions", JSON_HEADERS)
     async with session.post(path, data=body, headers=headers) as response:
         if response.status != 200:
             raise BenchError(f"HTTP {response.status}: {(await response.read())[:300]!r}")
@@ -265,20 +249,24 @@ async def send(
             return total, total
         first: float | None = None
         last = b""
+        ended = False
         async for line in response.content:
             if line.startswith(b"data:"):
                 if first is None:
                     first = time.perf_counter() - start
                 last = line.strip()
-        if anthropic and (first is None or b'"message_stop"' not in last):
-            raise BenchError(f"the Messages stream ended without data lines or without message_stop: {last[:200]!r}")
-        if not anthropic and (first is None or last != b"data: [DONE]"):
-            raise BenchError("the stream ended without data lines or without [DONE]")
+                ended = ended or (door is not None and door.end in last)
+        if first is None:
+            raise BenchError(f"the {path} stream ended without data lines")
+        if door and not ended:
+            raise BenchError(f"the {door.path} stream ended without {door.end!r}: {last[:200]!r}")
+        if not door and last != b"data: [DONE]":
+            raise BenchError("the stream ended without [DONE]")
         return first, time.perf_counter() - start
 
 
 async def drive(
-    url: str, body: bytes, stream: bool, clients: int, counts: Counts, anthropic: bool = False
+    url: str, body: bytes, stream: bool, clients: int, counts: Counts, door: Door | None = None
 ) -> tuple[list[tuple[float, float]], float]:
     """``counts.requests`` requests from ``clients`` concurrent clients (each with its own kept-alive connection)
     after a warm-up through the same clients; returns the timings and requests per second."""
@@ -294,7 +282,7 @@ async def drive(
                 nonlocal remaining
                 while remaining > 0:
                     remaining -= 1
-                    timings.append(await send(session, body, stream, anthropic))
+                    timings.append(await send(session, body, stream, door))
 
             await asyncio.gather(*(client() for _ in range(clients)))
             return timings
@@ -336,11 +324,11 @@ async def measure(name: str, url: str, counts: Counts) -> Result:
     return result
 
 
-async def measure_messages(name: str, url: str, model: str, counts: Counts) -> MessagesResult:
-    result = MessagesResult(name)
-    timings, _ = await drive(url, messages_body(model, False), False, 1, counts, anthropic=True)
+async def measure_door(door: Door, name: str, url: str, model: str, counts: Counts) -> DoorResult:
+    result = DoorResult(name)
+    timings, _ = await drive(url, door.body(model, False), False, 1, counts, door)
     result.short = [total for _, total in timings]
-    timings, _ = await drive(url, messages_body(model, True), True, 1, counts, anthropic=True)
+    timings, _ = await drive(url, door.body(model, True), True, 1, counts, door)
     result.stream_first = [first for first, _ in timings]
     result.stream_total = [total for _, total in timings]
     return result
@@ -349,41 +337,10 @@ async def measure_messages(name: str, url: str, model: str, counts: Counts) -> M
 # --- tables ------------------------------------------------------------------------------------------------
 
 
-def p(values: list[float], q: float) -> float:
-    """The q-quantile in milliseconds (nearest rank)."""
-    return sorted(values)[min(len(values) - 1, int(len(values) * q))] * 1000
-
-
 LATENCY_ROWS = (
-    ("short", "short"),
-    ("streaming: first byte", "stream_first"),
-    ("streaming: total", "stream_total"),
+    *DOOR_ROWS,
     (f"long ({LONG_MESSAGES} messages)¹", "long"),
 )
-
-
-def latency_rows(
-    result: Result | MessagesResult, baseline: Result | MessagesResult, labels: tuple[tuple[str, str], ...]
-) -> list[str]:
-    rows = []
-    for label, attr in labels:
-        values, base = getattr(result, attr), getattr(baseline, attr)
-        p50, p99 = p(values, 0.5), p(values, 0.99)
-        cells = [result.name, label, f"{p50:.2f}", f"{p99:.2f}"]
-        if result is baseline:
-            cells += ["", ""]
-        else:
-            cells += [f"{p50 - p(base, 0.5):.2f}", f"{p99 - p(base, 0.99):.2f}"]
-        rows.append(f"| {' | '.join(cells)} |")
-    return rows
-
-
-def added_p50(result: Result | MessagesResult, baseline: Result | MessagesResult, attr: str) -> float:
-    return (statistics.median(getattr(result, attr)) - statistics.median(getattr(baseline, attr))) * 1000
-
-
-def ratio(ours: float, theirs: float) -> str:
-    return f"{ours / theirs:.2f}x" if theirs > 0 and ours > 0 else "n/a"
 
 
 # (comparator, bound, "le" or "ge") per row of the ratio table: the performance issue's targets.
@@ -424,29 +381,10 @@ def ratio_rows(results: dict[str, Result]) -> list[str]:
     return rows
 
 
-def messages_ratio_rows(results: dict[str, MessagesResult]) -> list[str]:
-    """lcm-proxy's added p50 on /v1/messages ÷ LiteLLM proxy's, per kind of deployment (no target set)."""
-    baseline = results.get(BASELINE)
-    rows = []
-    for kind, (ours, theirs) in (
-        ("anthropic/", (MESSAGES_ROWS[LCM][0][0], MESSAGES_ROWS[LITELLM_PROXY][0][0])),
-        ("openai/", (MESSAGES_ROWS[LCM][1][0], MESSAGES_ROWS[LITELLM_PROXY][1][0])),
-    ):
-        for label, attr in (("short non-streaming", "short"), ("streaming first byte", "stream_first")):
-            cells = ["—"] * len(COMPARATORS)
-            if baseline is not None and ours in results:
-                index = COMPARATORS.index(LITELLM_PROXY)
-                cells[index] = "skipped"
-                if theirs in results:
-                    mine, other = (added_p50(results[n], baseline, attr) for n in (ours, theirs))
-                    cells[index] = ratio(mine, other)
-            rows.append(f"| added p50: /v1/messages {label}, {kind} deployment | {' | '.join(cells)} | none set | — |")
-    return rows
-
-
 def print_tables(
-    results: dict[str, Result], messages: dict[str, MessagesResult], counts: Counts, notes: list[str]
+    results: dict[str, Result], doors: dict[str, dict[str, DoorResult]], counts: Counts, notes: list[str]
 ) -> None:
+    """The chat tables, each door's latency table (``doors``: by the door's path) and the ratio table."""
     baseline = results[BASELINE]
     print(
         f"\n## overhead: latency, one client at a time ({counts.requests} requests per cell,"
@@ -456,15 +394,8 @@ def print_tables(
     print("|---|---|---:|---:|---:|---:|")
     for result in results.values():
         print("\n".join(latency_rows(result, baseline, LATENCY_ROWS)))
-    if BASELINE in messages:
-        print(
-            f"\n## overhead: Anthropic /v1/messages latency, one client at a time ({counts.requests} requests per"
-            " cell, every server in its own process)\n"
-        )
-        print("| in front of the fake upstream | request | p50 ms | p99 ms | added p50 ms | added p99 ms |")
-        print("|---|---|---:|---:|---:|---:|")
-        for result in messages.values():
-            print("\n".join(latency_rows(result, messages[BASELINE], LATENCY_ROWS[:3])))
+    for door in DOORS:
+        print_door_table(door, doors[door.path], counts.requests)
     at64 = counts.at(64).requests
     print(
         f"\n## overhead: throughput, short non-streaming request ({counts.requests} requests per cell,"
@@ -482,7 +413,8 @@ def print_tables(
     print(f"| figure | ÷ {' | ÷ '.join(COMPARATORS)} | targets | met |")
     print("|---|---:|---:|---:|---|---|")
     print("\n".join(ratio_rows(results)))
-    print("\n".join(messages_ratio_rows(messages)))
+    for door in DOORS:
+        print("\n".join(door_ratio_rows(door, doors[door.path])))
     print()
     for note in notes:
         print(note)
@@ -498,7 +430,8 @@ def main(quick: bool = False) -> None:
         " also credits lcm-proxy with what forwarding less saves downstream (LiteLLM's per-message work, the"
         " upstream's parsing), not only its own cost.",
         "/v1/messages: the baseline is the fake's /v1/messages called directly, for every row: an openai/"
-        " (translated) row's added time includes the fake's chat answer instead of its Messages answer.",
+        " (translated) row's added time includes the fake's chat answer instead of its Messages answer. The same"
+        " for /v1/responses: its baseline is the fake's /v1/responses.",
     ]
     notes += [skipped] if litellm_exe is None else []
     startups: list[str] = []
@@ -511,21 +444,23 @@ def main(quick: bool = False) -> None:
         fake = our_server("fake upstream", args, upstream_port, ready_path="/v1/models")  # it has no /healthz
         with process(fake, tmp / "fake.log") as (upstream, _, _):
             results = {BASELINE: asyncio.run(measure(BASELINE, upstream, counts))}
-            messages: dict[str, MessagesResult] = {}
-            for row, model in MESSAGES_ROWS[BASELINE]:
-                messages[row] = asyncio.run(measure_messages(row, upstream, model, counts))
+            doors: dict[str, dict[str, DoorResult]] = {door.path: {} for door in DOORS}
+            for door in DOORS:
+                for row, model in door.rows[BASELINE]:
+                    doors[door.path][row] = asyncio.run(measure_door(door, row, upstream, model, counts))
             for server in [*comparators(upstream, tmp, litellm_exe), lcm_proxy_server(upstream, tmp)]:
                 try:
                     with process(server, tmp / f"{server.port}.log") as (url, startup, pid):
                         startups.append(f"{server.name} {startup:.1f}")
                         results[server.name] = asyncio.run(measure(server.name, url, counts))
-                        for row, model in MESSAGES_ROWS.get(server.name, []):
-                            try:
-                                messages[row] = asyncio.run(measure_messages(row, url, model, counts))
-                            except (BenchError, aiohttp.ClientError, TimeoutError) as error:
-                                if server.name == LCM:
-                                    raise
-                                notes.append(f"{row} on /v1/messages skipped: {error}")
+                        for door in DOORS:
+                            for row, model in door.rows.get(server.name, []):
+                                try:
+                                    doors[door.path][row] = asyncio.run(measure_door(door, row, url, model, counts))
+                                except (BenchError, aiohttp.ClientError, TimeoutError) as error:
+                                    if server.name == LCM:
+                                        raise
+                                    notes.append(f"{row} on {door.path} skipped: {error}")
                         peaks.append(f"{server.name} {peak_rss_mib(pid):.0f}")
                         if server.name == LCM:
                             notes.insert(2, asyncio.run(lcm_long_state(url)) + ".")  # right under footnote ¹
@@ -537,4 +472,4 @@ def main(quick: bool = False) -> None:
     notes.append(f"seconds from start to ready: {', '.join(startups)}")
     notes.append(f"peak RSS of the server process after its run, MiB: {', '.join(peaks)}")
     notes.append(f"load average (1 min) before / after the run: {load_before:.2f} / {os.getloadavg()[0]:.2f}")
-    print_tables(results, messages, counts, notes)
+    print_tables(results, doors, counts, notes)

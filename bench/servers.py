@@ -1,7 +1,8 @@
 """Processes the overhead benchmark measures, each on its own port: ``python -m bench.servers KIND PORT [UPSTREAM]``.
 
 * ``fake``    — the fake OpenAI-compatible upstream (tests/support/fakes.py) under uvicorn, which also answers
-  Anthropic's ``POST /v1/messages`` (``messages``: the least valid answer, streamed or not, no checks);
+  Anthropic's ``POST /v1/messages`` (``messages``) and OpenAI's ``POST /v1/responses`` (``responses``): the
+  least valid answers, streamed or not, no checks;
 * ``aiohttp`` — a bare pass-through forwarder (Starlette + aiohttp): the floor for a Python proxy;
 * ``litellm`` — a bare forwarder that calls ``litellm.acompletion`` and nothing else.
 
@@ -10,8 +11,10 @@ Both forwarders stream when the client asks for it, and answer ``GET /healthz`` 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -68,6 +71,83 @@ async def messages(request: Request) -> Response:
         end = {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 7}}
         yield _event("message_delta", end)
         yield _event("message_stop", {})
+
+    return StreamingResponse(events(), media_type=SSE)
+
+
+def _last_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+
+
+async def responses(request: Request) -> Response:
+    """OpenAI's ``POST /v1/responses`` in its shape, the least of it (``tests/support/fake_responses.py`` is the
+    strict one): the chat fake's echo of the last user text as one assistant message; streamed, the events the
+    SDK and Codex read, one ``response.output_text.delta`` per word as the chat fake sends one chunk per word.
+    Nothing is validated, stored or recorded."""
+    body = orjson.loads(await request.body())
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    last = next((item for item in reversed(items) if item.get("role") == "user"), {"content": ""})
+    text = "echo: " + _last_text(last["content"])
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    message = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant", "content": [part]}
+    usage = {
+        "input_tokens": 11,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 18,
+    }
+    response = {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": body["model"],
+        "output": [message],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "store": body.get("store", True),
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    }
+    if not body.get("stream"):
+        return Response(orjson.dumps(response), media_type="application/json")
+
+    async def events() -> AsyncIterator[bytes]:
+        numbers = itertools.count()
+
+        def event(kind: str, **fields: Any) -> bytes:
+            return _event(kind, {"sequence_number": next(numbers), **fields})
+
+        start = {**response, "status": "in_progress", "output": [], "usage": None}
+        yield event("response.created", response=start)
+        yield event("response.in_progress", response=start)
+        at = {"item_id": "msg_fake", "output_index": 0}
+        yield event(
+            "response.output_item.added", output_index=0, item={**message, "status": "in_progress", "content": []}
+        )
+        yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
+        for i, word in enumerate(text.split(" ")):
+            delta = word if i == 0 else " " + word
+            yield event("response.output_text.delta", **at, content_index=0, delta=delta, logprobs=[])
+        yield event("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
+        yield event("response.content_part.done", **at, content_index=0, part=part)
+        yield event("response.output_item.done", output_index=0, item=message)
+        yield event("response.completed", response=response)
 
     return StreamingResponse(events(), media_type=SSE)
 
@@ -146,6 +226,7 @@ def main() -> None:
         # (thousands of 300-message transcripts).
         fake.requests = deque(maxlen=1)  # type: ignore[assignment]
         fake.app.router.routes.append(Route("/v1/messages", messages, methods=["POST"]))
+        fake.app.router.routes.append(Route("/v1/responses", responses, methods=["POST"]))
         app: Any = fake.app
     elif kind == "aiohttp":
         app = aiohttp_forwarder(sys.argv[3])

@@ -60,6 +60,16 @@ def test_overhead_benchmark_prints_its_tables() -> None:
         "lcm-proxy, openai/ deployment (translated)",
         "added p50: /v1/messages short non-streaming, anthropic/ deployment",
     } <= first_cells
+    # OpenAI's /v1/responses through lcm-proxy's Responses door, to a native and a translated deployment.
+    assert "## overhead: OpenAI /v1/responses latency" in out.stdout
+    assert {
+        "lcm-proxy, openai/responses/ deployment (native)",
+        "added p50: /v1/responses short non-streaming, openai/responses/ deployment",
+        "added p50: /v1/responses streaming first byte, openai/ deployment",
+    } <= first_cells
+    responses = out.stdout.partition("## overhead: OpenAI /v1/responses latency")[2].partition("\n## ")[0]
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]) for line in responses.splitlines() if "| " in line}
+    assert {("lcm-proxy, openai/ deployment (translated)", "streaming: total")} <= rows
     # LiteLLM's own proxy runs only when its virtualenv already exists (--quick never creates it).
     assert "LiteLLM proxy" in first_cells or "LiteLLM proxy skipped" in out.stdout
 
