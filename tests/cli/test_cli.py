@@ -17,6 +17,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.cli import console_script, free_port, main, run
+from tests.support.proxies import assert_doctor_passes, in_process, make_config
 
 
 def test_version_and_help() -> None:
@@ -204,26 +205,36 @@ def test_workers_must_be_at_least_one(isolated_env: dict[str, str]) -> None:
     assert result.returncode == 2 and "argument --workers: must be at least 1, got 0" in result.stderr
 
 
-@pytest.fixture
-def stored(app_factory: Any, tmp_path: Path) -> tuple[Path, str]:
+@pytest.fixture(scope="module")
+def stored(
+    fake_upstream_server: tuple[Any, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, str]]:
     """A database with one conversation of 2,001 messages (its ``show`` and ``export`` outputs, 200 KB and
-    more, are far larger than a pipe's buffer), sent under the client's own key ``client-key-7``."""
-    proxy = app_factory()
-    messages: list[dict[str, str]] = []
-    for i in range(1000):
-        messages += [
-            {"role": "user", "content": f"question {i}: " + "what about this one " * 4},
-            {"role": "assistant", "content": f"answer {i}: " + "it is fine " * 4},
-        ]
-    messages.append({"role": "user", "content": "and now?"})
-    response = proxy.client.post(
-        f"{proxy.base_url}/chat/completions",
-        json={"model": "test-model", "messages": messages},
-        headers={"x-lcm-conversation-id": "client-key-7"},
-        timeout=60,
-    )
-    assert response.status_code == 200, response.text
-    return Path(str(proxy.config.general_settings.data_dir)), response.headers["x-lcm-conversation-id"]
+    more, are far larger than a pipe's buffer), sent under the client's own key ``client-key-7``.
+
+    Written once for the module (ingesting 2,001 messages was most of each of these tests' time): the tests
+    given it only read it (``show``, ``export``, ``grep``, ``conversations``, ``doctor`` without ``--repair``;
+    ``compact`` is refused for its missing key before it opens the store). The proxy that wrote it is closed
+    before they run, as a test's own proxy is closed before the next test, and doctor checks the database
+    after the last of them."""
+    config = make_config(fake_upstream_server[1], tmp_path_factory.mktemp("stored") / "data")
+    with in_process(config) as proxy:
+        messages: list[dict[str, str]] = []
+        for i in range(1000):
+            messages += [
+                {"role": "user", "content": f"question {i}: " + "what about this one " * 4},
+                {"role": "assistant", "content": f"answer {i}: " + "it is fine " * 4},
+            ]
+        messages.append({"role": "user", "content": "and now?"})
+        response = proxy.client.post(
+            f"{proxy.base_url}/chat/completions",
+            json={"model": "test-model", "messages": messages},
+            headers={"x-lcm-conversation-id": "client-key-7"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+    yield Path(str(config.general_settings.data_dir)), response.headers["x-lcm-conversation-id"]
+    assert_doctor_passes([config.general_settings.location()])
 
 
 @pytest.mark.parametrize("command", ["show", "export"])
