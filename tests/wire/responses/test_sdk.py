@@ -4,6 +4,7 @@ reasoning replayed, ``previous_response_id`` chains, stored responses, errors.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -182,3 +183,29 @@ def test_a_real_websocket_upgrade_is_refused_with_426(responses_proxy: Any) -> N
     with pytest.raises(InvalidStatus) as refused:
         connect(url, additional_headers={"authorization": "Bearer sk-x"}, open_timeout=10)
     assert refused.value.response.status_code == 426
+
+
+def test_a_custom_tool_call_round_trips_through_a_chat_upstream(
+    responses_proxy: Any, fake_upstream: FakeUpstream
+) -> None:
+    """Codex's apply_patch is a custom tool (free-form input): a chat upstream sees it as a function taking one
+    string, and its call comes back to the client as a ``custom_tool_call`` with that string."""
+    tool: Any = {"type": "custom", "name": "apply_patch", "description": "edit files"}
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch"
+    fn = {"name": "apply_patch", "arguments": json.dumps({"input": patch})}
+    fake_upstream.enqueue(Reply(content=None, tool_calls=[{"id": "call_p1", "type": "function", "function": fn}]))
+    sdk = client(responses_proxy)
+    first = sdk.responses.create(model="local-codex", tools=[tool], input="add a.txt", store=False)
+    calls = [i for i in first.output if i.type == "custom_tool_call"]
+    assert len(calls) == 1 and calls[0].input == patch and calls[0].call_id == "call_p1"
+    sent_tools = fake_upstream.last.body["tools"]
+    assert [t["function"]["name"] for t in sent_tools] == ["apply_patch"]
+    fake_upstream.enqueue(Reply(content="Added."))
+    history: list[Any] = [{"role": "user", "content": "add a.txt"}, calls[0].model_dump(exclude_none=True)]
+    history.append({"type": "custom_tool_call_output", "call_id": "call_p1", "output": "Done!"})
+    second = sdk.responses.create(model="local-codex", tools=[tool], input=history, store=False)
+    assert second.output_text == "Added."
+    messages = fake_upstream.last.body["messages"]
+    assert messages[-2]["tool_calls"][0]["id"] == "call_p1"
+    assert json.loads(messages[-2]["tool_calls"][0]["function"]["arguments"]) == {"input": patch}
+    assert messages[-1] == {"role": "tool", "tool_call_id": "call_p1", "content": "Done!"}
