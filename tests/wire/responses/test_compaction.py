@@ -159,3 +159,18 @@ def test_an_upstream_failure_mid_stream_ends_in_response_failed(
     assert events[-1]["type"] == "response.failed"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert sum(e["type"] in ("response.completed", "response.failed") for e in events) == 1
+
+
+def test_instructions_larger_than_the_window_end_the_stream_in_context_length_exceeded(
+    proxy_factory: Any, fake_responses_server: tuple[FakeResponses, str], upstream_url: str
+) -> None:
+    """Codex's ~10k tokens of instructions sent to a model with an 8k window: its first request ends in
+    ``response.failed`` with the code Codex reads as a full window (docs/clients.md#codex)."""
+    from tests.support.fake_responses import responses_models
+
+    proxy = proxy_factory(models=responses_models(fake_responses_server[1], upstream_url, window=8192))
+    base = msg("developer", " ".join(f"Rule {i}: keep the code tidy and the tests honest." for i in range(4000)))
+    answer = post(proxy, {"model": "local-codex", "input": [base, msg("user", "hi")], "stream": True})
+    events = sse_events(answer)
+    assert [e["type"] for e in events] == ["response.created", "response.failed"]
+    assert events[-1]["response"]["error"]["code"] == "context_length_exceeded"
