@@ -194,3 +194,29 @@ def test_codexs_own_compactions_are_answered_by_the_proxy_and_lose_nothing(
     assert all(RULE in t for t in texts)
     conversations = _rows(proxy, "SELECT id, parent_id, fork_seq, continued, message_count FROM conversations")
     assert len(conversations) == 1, conversations
+
+
+def test_codex_applies_a_patch_through_a_chat_upstream(
+    proxy_factory: Any, fake_upstream: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """Codex's apply_patch is a custom tool (free-form grammar input): a chat upstream calls it as a function with
+    one string, Codex gets a ``custom_tool_call``, edits the file, and its output comes back paired."""
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n*** End Patch\n"
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1].get("role") == "tool":
+            return Reply(content="Patched.")
+        names = [t["function"]["name"] for t in body.get("tools") or []]
+        assert "apply_patch" in names, names
+        fn = {"name": "apply_patch", "arguments": json.dumps({"input": patch})}
+        return Reply(content=None, tool_calls=[{"id": "call_patch1", "type": "function", "function": fn}])
+
+    fake_upstream.responder = answer
+    proxy = proxy_factory(models=models("translated", "http://127.0.0.1:9", upstream_url, 200_000))
+    codex = CodexClient(require_codex(), tmp_path, f"{proxy.url}/v1").setup()
+    done = codex.exec("create hello.txt")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (codex.cwd / "hello.txt").read_text() == "hello from the patch\n"
+    last = fake_upstream.requests[-1].body["messages"]
+    assert last[-2]["tool_calls"][0]["id"] == "call_patch1"
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_patch1"
