@@ -86,12 +86,13 @@ class Model:
         users = [i for i in items if i.get("type", "message") == "message" and i.get("role") == "user"]
         last = json.dumps(users[-1].get("content")) if users else ""
         text, call, used = self.decide(last, items[-1].get("type") == "function_call_output")
+        # Every answer opens with a reasoning item: Codex replays it, and the strict fake checks its signature.
         if call:
             return RReply(
                 function_calls=[{"name": "exec_command", "arguments": json.dumps({"cmd": "cat notes.txt"})}],
-                usage={"input_tokens": used},
-            )
-        return RReply(text=text or "", usage={"input_tokens": used})
+                usage={"input_tokens": used}, reasoning="the notes are in notes.txt",
+            )  # fmt: skip
+        return RReply(text=text or "", usage={"input_tokens": used}, reasoning="considering the request")
 
 
 def forwarded(kind: str, fake_responses: FakeResponses, fake_upstream: FakeUpstream) -> list[str]:
@@ -143,6 +144,8 @@ def test_codex_runs_a_session_with_a_tool_call_in_a_window_the_proxy_compacts(
     assert len(texts) >= 11  # ten turns, the second a tool round trip
     assert any(NOTES in t for t in texts), "the shell tool's output reached the upstream"
     assert all(RULE in t for t in texts), "AGENTS.md is in every forwarded request"
+    if kind == "native":  # reasoning items went back as issued (the strict fake checks their signatures)
+        assert any('"type": "reasoning"' in t and "encrypted_content" in t for t in texts)
     assert len(_rows(proxy, "SELECT id FROM conversations")) == 1  # one conversation
     assert _rows(proxy, "SELECT count(*) FROM summaries")[0][0] > 0  # the proxy compacted
     if kind == "translated":  # the strict fake checks these itself for the native kind
