@@ -108,7 +108,16 @@ async def late(turn: Turn, opening: asyncio.Future[Any], leave: Callable[[], Non
             yield chunk
     except REPORTED as error:
         yield failed(numbering, turn, to_proxy_error(error))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unexpected error while opening a Responses stream")
+        yield failed(numbering, turn, InternalError("Internal error in lcm-proxy while streaming."))
     finally:
         opening.cancel()
         if not relayed:
-            leave()
+            try:
+                if opening.done() and not opening.cancelled() and opening.exception() is None:
+                    await opening.result()[0].close()  # opened just as the client left: nobody reads it
+            finally:
+                leave()
