@@ -140,4 +140,8 @@ async def late(
     finally:
         task.cancel()
         if not relayed:
-            leave()
+            try:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    await task.result()[0].close()  # opened just as the client left: nobody reads it
+            finally:
+                leave()
