@@ -64,8 +64,13 @@ class PostgresRemoval:
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self._run(f"DELETE FROM lcm.{table} WHERE conversation_id = %s", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
-        # What the door issued for it, but for what falls in the prefix kept for its forks.
-        await self._run("DELETE FROM lcm.responses WHERE conversation_id = %s AND position >= %s", (cid, keep))
+        # What the door issued for it, but for what stands within the prefix kept for its forks: a checkpoint
+        # for its first `position` messages, a response for those and its answer after them.
+        await self._run(
+            "DELETE FROM lcm.responses WHERE conversation_id = %s AND (position > %s"
+            " OR (position = %s AND kind = 'response'))",
+            (cid, keep, keep),
+        )
         await self._truncate_ledger(cid, keep)
         linked = await self._all(
             "SELECT DISTINCT mf.file_id FROM lcm.message_files mf JOIN lcm.messages m ON m.id = mf.message_id"

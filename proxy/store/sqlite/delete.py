@@ -82,8 +82,13 @@ class SQLiteRemoval:
         for table in ("context_items", "last_sent", "relayed_answers", "compaction_leases"):
             await self.conn.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (cid,))
         keep, kept, doomed = await self._remove_summaries(cid, keep)
-        # What the door issued for it, but for what falls in the prefix kept for its forks.
-        await self.conn.execute("DELETE FROM responses WHERE conversation_id = ? AND position >= ?", (cid, keep))
+        # What the door issued for it, but for what stands within the prefix kept for its forks: a checkpoint
+        # for its first `position` messages, a response for those and its answer after them.
+        await self.conn.execute(
+            "DELETE FROM responses WHERE conversation_id = ? AND (position > ?"
+            " OR (position = ? AND kind = 'response'))",
+            (cid, keep, keep),
+        )
         await self._truncate_ledger(cid, keep)
         linked = await self._fetch(
             "SELECT DISTINCT mf.file_id FROM message_files mf JOIN messages m ON m.id = mf.message_id"
