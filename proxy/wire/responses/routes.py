@@ -41,7 +41,7 @@ from proxy.wire.responses import codex
 from proxy.wire.responses.calls import client_headers
 from proxy.wire.responses.events import Numbering, shell, sse, whole
 from proxy.wire.responses.issued import Issued
-from proxy.wire.responses.stream import failed_stream, late, relay, streaming
+from proxy.wire.responses.stream import Guarded, failed_stream, late, relay, streaming
 from proxy.wire.responses.turn import Turn, expand
 from proxy.wire.responses.validation import validate_request
 
@@ -146,8 +146,25 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
             raise
         if prepared is not None:
             prepared_headers(prepared, headers)
-        return streaming(relay(turn, opened, prepared, leave), headers, _background(call, prepared))
-    return streaming(late(turn, opening, leave), headers, _background(call, prepared))
+
+        async def release() -> None:
+            try:
+                await opened.close()
+            finally:
+                leave()
+
+        body = Guarded(relay(turn, opened, prepared, leave), release)
+        return streaming(body, headers, _background(call, prepared))
+
+    async def abandon() -> None:
+        opening.cancel()
+        try:
+            if opening.done() and not opening.cancelled() and opening.exception() is None:
+                await opening.result()[0].close()
+        finally:
+            leave()
+
+    return streaming(Guarded(late(turn, opening, leave), abandon), headers, _background(call, prepared))
 
 
 # --- Codex's own compaction --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.background import BackgroundTask
@@ -28,6 +28,31 @@ log = logging.getLogger("lcm_proxy.wire")
 
 PING_SECONDS = 10.0
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class Guarded:
+    """A stream's body that gives back what was taken for it even if it never starts: the server may fail to
+    send the response's start (a client gone, a cancellation there), and closing an async generator that never
+    ran skips its ``finally``, which is where the upstream's stream is closed and the priority slot left."""
+
+    def __init__(self, body: AsyncIterator[bytes], unstarted: Callable[[], Awaitable[None]]) -> None:
+        self.body = body
+        self.unstarted: Callable[[], Awaitable[None]] | None = unstarted
+
+    def __aiter__(self) -> Guarded:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.unstarted = None  # the body's own ``finally`` takes over
+        return await anext(self.body)
+
+    async def aclose(self) -> None:
+        release, self.unstarted = self.unstarted, None
+        try:
+            if release is not None:
+                await release()
+        finally:
+            await self.body.aclose()  # type: ignore[attr-defined]
 
 
 def streaming(body: AsyncIterator[bytes], headers: dict[str, str], background: BackgroundTask | None) -> Response:
@@ -51,7 +76,7 @@ def failed_stream(request: dict[str, Any], error: Any, headers: dict[str, str]) 
 
 async def relay(
     turn: Turn, opened: Opened, prepared: Prepared | None, leave: Callable[[], None], numbering: Numbering | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The upstream's events, renumbered under the proxy's id; the answer stored once the stream completed.
     With ``numbering`` the proxy's own opening events went out already: the upstream's are not relayed."""
     late = numbering is not None
@@ -104,8 +129,12 @@ async def late(turn: Turn, opening: asyncio.Future[Any], leave: Callable[[], Non
             yield sse(numbering({"type": "response.in_progress", "response": start}))
         opened, prepared = opening.result()
         relayed = True
-        async for chunk in relay(turn, opened, prepared, leave, numbering):
-            yield chunk
+        inner = relay(turn, opened, prepared, leave, numbering)
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            await inner.aclose()  # now, not when it is collected: it closes the upstream and leaves the slot
     except REPORTED as error:
         yield failed(numbering, turn, to_proxy_error(error))
     except asyncio.CancelledError:

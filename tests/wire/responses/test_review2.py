@@ -1,5 +1,5 @@
-"""A second review of the Responses door: each test fails against the door as reviewed (commit 791b870); its
-docstring says what is wrong and what the right behaviour is."""
+"""A second review of the Responses door: each test failed against the door as reviewed (commit 791b870); its
+docstring says what was wrong and what the right behaviour is."""
 
 from __future__ import annotations
 
