@@ -47,8 +47,13 @@ def test_deleting_the_abandoned_branch_keeps_the_checkpoint_its_fork_still_repla
     deleted = proxy.client.delete(f"/lcm/conversations/{a.headers['x-lcm-conversation-id']}", headers=HEADERS)
     assert deleted.status_code == 200, deleted.text
     fake_upstream.enqueue(Reply(content="more"))
-    more = post(proxy, {"model": "local-codex", "input": [*kept, msg("user", "USER-3: by car"),
-                                                           *f.json()["output"], msg("user", "USER-4: and back?")]})
+    more = post(
+        proxy,
+        {
+            "model": "local-codex",
+            "input": [*kept, msg("user", "USER-3: by car"), *f.json()["output"], msg("user", "USER-4: and back?")],
+        },
+    )
     assert more.status_code == 200, more.text
     assert "ZEBRA-9" in str(fake_upstream.requests[-1]), "the fork lost the history its checkpoint stands for"
 
