@@ -87,6 +87,19 @@ class Call:
             return self.recall_tools
         return self.state.policy.offers_recall_tools(self.target)
 
+    async def prepare(self, headers: dict[str, str]) -> Prepared:
+        """Plan, begin and finish the turn, its ``x-lcm-*`` figures put in ``headers`` (the conversation's id
+        also when the request is refused as too long)."""
+        budget = self.plan()
+        try:
+            prepared = await (await self.begin(budget)).finish()
+        except ContextTooLong as error:
+            if error.conversation_id is not None:
+                headers[CONVERSATION_HEADER] = error.conversation_id
+            raise
+        prepared_headers(prepared, headers)
+        return prepared
+
     async def begin(self, budget: Budget) -> Preparation:
         return await self.state.engine.begin(
             self.scope,

@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message
 
 from proxy.engine import errors as engine
+from proxy.engine.engine import Prepared
 from proxy.errors import (
     ContextLengthExceeded,
     ConversationBusyError,
@@ -28,6 +30,7 @@ from proxy.errors import (
     StoreBusyError,
     UpstreamError,
 )
+from proxy.relay.turn import Call
 from proxy.store import errors as store
 
 log = logging.getLogger("lcm_proxy.wire")
@@ -95,6 +98,12 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     if getattr(error, "close_connection", False):  # a request whose body was not read to its end
         headers["connection"] = "close"
     return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
+
+
+def compaction_after(call: Call, prepared: Prepared | None) -> BackgroundTask | None:
+    """The compaction a turn calls for, run once its response is sent (``Call.after``)."""
+    compact = call.after(prepared)
+    return BackgroundTask(compact) if compact is not None else None
 
 
 def too_large(limit: int) -> PayloadTooLargeError:

@@ -23,7 +23,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -31,14 +30,13 @@ from starlette.routing import Route
 from proxy import tokens
 from proxy.dialects import MESSAGES, count_messages
 from proxy.engine.engine import Prepared
-from proxy.engine.errors import ContextTooLong
 from proxy.engine.recall import clip_to_tokens
 from proxy.errors import UpstreamError
-from proxy.relay.turn import CONVERSATION_HEADER, Call, compacted_retry, prepared_headers
+from proxy.relay.turn import Call, compacted_retry, prepared_headers
 from proxy.scopes import user_scope
 from proxy.upstream.anthropic import client_headers
 from proxy.wire.auth import request_user
-from proxy.wire.http import REPORTED, JSONResponse, read_json_body, to_proxy_error
+from proxy.wire.http import REPORTED, JSONResponse, compaction_after, read_json_body, to_proxy_error
 from proxy.wire.messages import claude_code
 from proxy.wire.messages.answer import answer_message, event
 from proxy.wire.messages.calls import Opened, Recall, complete, open_stream
@@ -158,27 +156,10 @@ async def create_message(request: Request) -> Response:
         if lcm:
             await state.upstream.windows.ready(target)
             call.continues = claude_code.is_continuation(request.headers, body)
-            prepared = await _prepare(call, headers)
+            prepared = await call.prepare(headers)
         return await _forward(turn, prepared, headers)
     except REPORTED as error:
         return error_response(worded(to_proxy_error(error)), headers)
-
-
-async def _prepare(call: Call, headers: dict[str, str]) -> Prepared:
-    budget = call.plan()
-    try:
-        prepared = await (await call.begin(budget)).finish()
-    except ContextTooLong as error:
-        if error.conversation_id is not None:
-            headers[CONVERSATION_HEADER] = error.conversation_id
-        raise
-    prepared_headers(prepared, headers)
-    return prepared
-
-
-def _background(call: Call, prepared: Prepared | None) -> BackgroundTask | None:
-    compact = call.after(prepared)
-    return BackgroundTask(compact) if compact is not None else None
 
 
 async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str]) -> Response:
@@ -194,7 +175,7 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
         if record is not None:
             await record(answer_message(result))
         result = with_usage_shift(result, turn.shift(prepared))
-        return JSONResponse(result, headers=headers, background=_background(call, prepared))
+        return JSONResponse(result, headers=headers, background=compaction_after(call, prepared))
     opening = asyncio.ensure_future(turn.open(prepared))
     try:
         done, _ = await asyncio.wait({opening}, timeout=PING_AFTER)
@@ -211,9 +192,9 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
         if prepared is not None:
             prepared_headers(prepared, headers)
         body = relay(opened, call.answer_to(prepared), leave, shift=turn.shift(prepared))
-        return streaming(body, headers, _background(call, prepared))
+        return streaming(body, headers, compaction_after(call, prepared))
     body = late(call.body["model"], opening, leave, lambda sent: (call.answer_to(sent), turn.shift(sent)))
-    return streaming(body, headers, _background(call, prepared))
+    return streaming(body, headers, compaction_after(call, prepared))
 
 
 # --- Claude Code's own compaction ------------------------------------------------------------------------
@@ -225,10 +206,10 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str]) -> Response:
     call = turn.call
     earlier = {**call.body, "messages": call.body["messages"][:-1]}
     call.messages = engine_transcript(earlier)
-    prepared = await _prepare(call, headers)
+    prepared = await call.prepare(headers)
     if prepared.conversation_id is None:  # nothing stored to answer from: the model answers the whole request
         call.messages = engine_transcript(call.body)
-        return await _forward(turn, await _prepare(call, headers), headers)
+        return await _forward(turn, await call.prepare(headers), headers)
     room = min(int(call.body["max_tokens"]), DIGEST_TOKENS)
     digest = await call.state.engine.digest(call.scope, prepared.conversation_id, room)
     text = (
@@ -247,7 +228,7 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str]) -> Response:
         "stop_sequence": None, "usage": usage,
     }  # fmt: skip
     headers["x-lcm-client-compaction"] = "answered"
-    background = _background(call, prepared)
+    background = compaction_after(call, prepared)
     if not call.body.get("stream"):
         return JSONResponse(message, headers=headers, background=background)
     return streaming(_events_of(message), headers, background)

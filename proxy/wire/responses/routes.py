@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -32,11 +31,11 @@ from proxy.dialects.responses import RESPONSES
 from proxy.engine.engine import Prepared
 from proxy.engine.errors import ContextTooLong
 from proxy.errors import InvalidRequestError, NotFoundError
-from proxy.relay.turn import CONVERSATION_HEADER, Call, prepared_headers
+from proxy.relay.turn import Call, prepared_headers
 from proxy.scopes import user_scope
 from proxy.types import Message, Messages
 from proxy.wire.auth import request_user
-from proxy.wire.http import REPORTED, JSONResponse, error_response, read_json_body, to_proxy_error
+from proxy.wire.http import REPORTED, JSONResponse, compaction_after, error_response, read_json_body, to_proxy_error
 from proxy.wire.responses import codex
 from proxy.wire.responses.calls import client_headers
 from proxy.wire.responses.events import Numbering, shell, sse, whole
@@ -93,7 +92,7 @@ async def create_response(request: Request) -> Response:
         prepared: Prepared | None = None
         if lcm:
             await state.upstream.windows.ready(target)
-            prepared = await _prepare(call, headers)
+            prepared = await call.prepare(headers)
         return await _forward(turn, prepared, headers)
     except ContextTooLong as error:
         if body.get("stream"):
@@ -101,23 +100,6 @@ async def create_response(request: Request) -> Response:
         return error_response(to_proxy_error(error), headers)
     except REPORTED as error:
         return error_response(to_proxy_error(error), headers)
-
-
-async def _prepare(call: Call, headers: dict[str, str]) -> Prepared:
-    budget = call.plan()
-    try:
-        prepared = await (await call.begin(budget)).finish()
-    except ContextTooLong as error:
-        if error.conversation_id is not None:
-            headers[CONVERSATION_HEADER] = error.conversation_id
-        raise
-    prepared_headers(prepared, headers)
-    return prepared
-
-
-def _background(call: Call, prepared: Prepared | None) -> BackgroundTask | None:
-    compact = call.after(prepared)
-    return BackgroundTask(compact) if compact is not None else None
 
 
 async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str]) -> Response:
@@ -130,7 +112,7 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
         finally:
             leave()
         response = await turn.finished(result, prepared)
-        return JSONResponse(response, headers=headers, background=_background(call, prepared))
+        return JSONResponse(response, headers=headers, background=compaction_after(call, prepared))
     opening = asyncio.ensure_future(turn.open(prepared))
     try:
         done, _ = await asyncio.wait({opening}, timeout=PING_AFTER)
@@ -154,7 +136,7 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
                 leave()
 
         body = Guarded(relay(turn, opened, prepared, leave), release)
-        return streaming(body, headers, _background(call, prepared))
+        return streaming(body, headers, compaction_after(call, prepared))
 
     async def abandon() -> None:
         opening.cancel()
@@ -164,7 +146,7 @@ async def _forward(turn: Turn, prepared: Prepared | None, headers: dict[str, str
         finally:
             leave()
 
-    return streaming(Guarded(late(turn, opening, leave), abandon), headers, _background(call, prepared))
+    return streaming(Guarded(late(turn, opening, leave), abandon), headers, compaction_after(call, prepared))
 
 
 # --- Codex's own compaction --------------------------------------------------------------------------------
@@ -177,14 +159,14 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str], remote: bool) 
     call = turn.call
     items = call.transcript
     call.messages = items[:-1]
-    prepared = await _prepare(call, headers)
+    prepared = await call.prepare(headers)
     if prepared.conversation_id is None:
         if remote:
             raise InvalidRequestError(
                 "lcm-proxy stores no conversation for this request, so it cannot compact it.", param="input"
             )
         call.messages = items
-        return await _forward(turn, await _prepare(call, headers), headers)
+        return await _forward(turn, await call.prepare(headers), headers)
     handle = await turn.issued.checkpoint(call.scope, prepared.conversation_id, prepared.transcript_length)
     if remote:
         item: Message = {"type": "compaction", "id": "cmp_" + secrets.token_hex(24), "encrypted_content": handle}
@@ -205,7 +187,7 @@ async def _answer_compaction(turn: Turn, headers: dict[str, str], remote: bool) 
     if turn.stores:
         await turn.issued.save(call.scope, response, turn.saved(prepared))
     headers["x-lcm-client-compaction"] = "answered"
-    background = _background(call, prepared)
+    background = compaction_after(call, prepared)
     if not call.body.get("stream"):
         return JSONResponse(response, headers=headers, background=background)
     numbering = Numbering(turn.id, turn.model)
