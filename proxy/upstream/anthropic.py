@@ -18,11 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import orjson
 
-from proxy.errors import UpstreamError
-from proxy.upstream.errors import capital
-from proxy.upstream.relay import _client, read_error, too_large
+from proxy.upstream.relay import post, read_object
 from proxy.upstream.sse_events import EventStream
 
 DEFAULT_BASE = "https://api.anthropic.com"
@@ -83,39 +80,12 @@ async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/messages")
     headers.setdefault("anthropic-version", DEFAULT_VERSION)
     if key:
         headers["x-api-key"] = key
-    for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
-        if isinstance(extra, Mapping):
-            headers.update({str(k).lower(): str(v) for k, v in extra.items()})
-    timeout: httpx.Timeout = kwargs["timeout"]
-    client = _client(timeout.read, timeout.connect)
-    request = client.build_request("POST", _url(base, path), content=orjson.dumps(body), headers=headers)
-    response = await client.send(request, stream=True)
-    if response.status_code >= 400:
-        raise await read_error(response)
-    return response
+    return await post(kwargs, _url(base, path), body, headers)
 
 
 async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_raw(1 << 16):
-            data += chunk
-            if len(data) > limit:
-                raise too_large(upstream, limit)
-    finally:
-        await response.aclose()
-    try:
-        answer = orjson.loads(bytes(data))
-    except orjson.JSONDecodeError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise UpstreamError(
-            f"{capital(upstream)} sent a malformed response: not a Messages answer that could be read.",
-            status=502,
-            code="upstream_bad_response",
-        )
-    return answer
+    return await read_object(response, limit, upstream, "a Messages answer")
 
 
 # What an event of each type must hold for a reader (the door's accumulator, the SDKs) to use it.

@@ -98,6 +98,47 @@ def _client(read: float | None, connect: float | None) -> httpx.AsyncClient:
     return client
 
 
+async def post(kwargs: Mapping[str, Any], url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+    """A native call's POST (Messages, Responses): ``body`` as JSON to ``url`` with ``headers`` and the
+    deployment's own ``headers`` / ``extra_headers`` over them, on the pooled client with the call's timeouts;
+    the response open (streamed) and its status below 400 (an error status raises ``StatusError``)."""
+    headers = dict(headers)
+    for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
+        if isinstance(extra, Mapping):
+            headers.update({str(k).lower(): str(v) for k, v in extra.items()})
+    timeout: httpx.Timeout = kwargs["timeout"]
+    client = _client(timeout.read, timeout.connect)
+    request = client.build_request("POST", url, content=orjson.dumps(body), headers=headers)
+    response = await client.send(request, stream=True)
+    if response.status_code >= 400:
+        raise await read_error(response)
+    return response
+
+
+async def read_object(response: httpx.Response, limit: int, upstream: str, what: str) -> dict[str, Any]:
+    """A native call's non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a
+    JSON object (``what``: the kind of answer expected, for the message)."""
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_raw(1 << 16):
+            data += chunk
+            if len(data) > limit:
+                raise too_large(upstream, limit)
+    finally:
+        await response.aclose()
+    try:
+        answer = orjson.loads(bytes(data))
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise UpstreamError(
+            f"{capital(upstream)} sent a malformed response: not {what} that could be read.",
+            status=502,
+            code="upstream_bad_response",
+        )
+    return answer
+
+
 def _parse_error(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)

@@ -25,11 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import orjson
 
-from proxy.errors import UpstreamError
-from proxy.upstream.errors import capital
-from proxy.upstream.relay import _client, read_error, too_large
+from proxy.upstream.relay import post, read_object
 from proxy.upstream.sse_events import EventStream, has_shape
 
 PROVIDERS = frozenset({"openai", "azure"})
@@ -104,39 +101,12 @@ async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/responses"
     headers["accept"] = "text/event-stream" if body.get("stream") else "application/json"
     headers.update(kwargs.get("client_headers") or {})
     headers.update(auth)
-    for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
-        if isinstance(extra, Mapping):
-            headers.update({str(k).lower(): str(v) for k, v in extra.items()})
-    timeout: httpx.Timeout = kwargs["timeout"]
-    client = _client(timeout.read, timeout.connect)
-    request = client.build_request("POST", url, content=orjson.dumps(body), headers=headers)
-    response = await client.send(request, stream=True)
-    if response.status_code >= 400:
-        raise await read_error(response)
-    return response
+    return await post(kwargs, url, body, headers)
 
 
 async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_raw(1 << 16):
-            data += chunk
-            if len(data) > limit:
-                raise too_large(upstream, limit)
-    finally:
-        await response.aclose()
-    try:
-        answer = orjson.loads(bytes(data))
-    except orjson.JSONDecodeError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise UpstreamError(
-            f"{capital(upstream)} sent a malformed response: not a Responses answer that could be read.",
-            status=502,
-            code="upstream_bad_response",
-        )
-    return answer
+    return await read_object(response, limit, upstream, "a Responses answer")
 
 
 _ITEM = (("item", dict), ("output_index", int))
