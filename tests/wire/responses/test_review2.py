@@ -16,7 +16,7 @@ from proxy.wire.responses.turn import Turn
 from tests.support.fake_responses import FakeResponses
 from tests.support.fakes import FakeUpstream, Reply
 from tests.support.proxies import IN_PROCESS_URL
-from tests.wire.responses.test_review import AGENTS, BASE, CODEX, HEADERS, history, msg, post, start
+from tests.support.responses_review import AGENTS, BASE, CODEX, HEADERS, history, msg, post, start
 
 
 def test_deleting_the_abandoned_branch_keeps_the_checkpoint_its_fork_still_replays(
