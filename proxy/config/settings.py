@@ -50,6 +50,9 @@ class ModelInfo(BaseModel):
     # How much more than o200k (the proxy's own count) this model's tokenizer may count: the window is divided
     # by it. Unset: a default for the model's family (``proxy.tokens.token_margin``).
     token_margin: float | None = Field(default=None, ge=1.0, le=3.0)
+    # False: chat calls to this deployment go through litellm.acompletion even where the provider speaks OpenAI's
+    # format (``proxy.upstream.direct``).
+    lcm_direct: bool = True
 
 
 class ModelDeployment(Strict):

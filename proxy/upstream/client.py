@@ -41,7 +41,7 @@ from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.redaction import environment_credentials, rules
 from proxy.types import ChatBody, JSONObject
-from proxy.upstream import anthropic, responses
+from proxy.upstream import anthropic, direct, responses
 from proxy.upstream.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.upstream.errors import (
     DEFAULT_UPSTREAM,
@@ -155,6 +155,8 @@ class Upstream(NativeCalls):
             # must not reach the wire anyway. A fresh list: some LiteLLM providers edit the list in place.
             kwargs["messages"] = []
             kwargs["extra_body"] = {**copy.deepcopy(extras), "messages": body["messages"]}
+            if target.direct and (point := direct.endpoint(self._litellm, kwargs)) is not None:
+                kwargs[direct.KEY] = point  # sent by ``proxy.upstream.direct``, not LiteLLM
         else:
             # LiteLLM may rewrite what it is given; the client's objects must stay as they were sent.
             kwargs["messages"] = copy.deepcopy(body["messages"])
@@ -240,6 +242,8 @@ class Upstream(NativeCalls):
                         return await anthropic.send(self._litellm, kwargs, kwargs.get("messages_path", "/messages"))
                     if function == RESPONSES_CALL:
                         return await responses.send(self._litellm, kwargs)
+                    if direct.KEY in kwargs:
+                        return await direct.send(kwargs, self._settings.max_upstream_response_bytes, upstream)
                     if function in OPENAI_CALLS:
                         return await self._openai_call(function, kwargs, upstream)
                     return await getattr(self._litellm, function)(**kwargs)
@@ -356,7 +360,7 @@ class Upstream(NativeCalls):
 
     async def complete(self, target: ResolvedModel, body: ChatBody) -> JSONObject:
         async def checked(candidate: ResolvedModel, answer: Any, kwargs: dict[str, Any], timeout: float) -> JSONObject:
-            result = response_to_json(answer)
+            result = answer if isinstance(answer, dict) else response_to_json(answer)
             # What LiteLLM let through must still be an answer every reader can use (a tool call with no name
             # is not): a 502 naming the upstream, here, for the plain path and the recall loop alike.
             Round.from_response(result, describe_upstream(candidate))
@@ -372,7 +376,7 @@ class Upstream(NativeCalls):
 
         async def primed(candidate: ResolvedModel, wrapper: Any, kwargs: dict[str, Any], timeout: float) -> Any:
             upstream = describe_upstream(candidate)
-            response = getattr(getattr(wrapper, "completion_stream", None), "response", None)
+            response = getattr(getattr(wrapper, "completion_stream", None), "response", wrapper)  # wrapper: direct
             credentials = call_credentials(kwargs)
             if is_passthrough(kwargs) and isinstance(response, httpx.Response):
                 chunks = sse_chunks(response, include_usage, credentials, upstream)

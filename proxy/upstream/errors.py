@@ -119,9 +119,11 @@ def is_timeout(exc: BaseException) -> bool:
 
 
 def _is_connection_failure(exc: BaseException) -> bool:
+    """The connection failed: it could not be opened, or broke (httpx's transport errors other than timeouts, as
+    the OpenAI SDK reads them: calls the proxy sends itself raise them unwrapped)."""
     names = {"APIConnectionError", "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError"}
     return any(
-        isinstance(e, httpx.ConnectError | ConnectionError) or type(e).__name__ in names for e in walk_causes(exc)
+        isinstance(e, httpx.TransportError | ConnectionError) or type(e).__name__ in names for e in walk_causes(exc)
     )
 
 
@@ -233,9 +235,11 @@ def translate_exception(
     )
     message = message or "The upstream provider reported an error."
     if isinstance(status, int) and 400 <= status < 600:
+        error = UpstreamError(message, status=status, type=kind or "upstream_error", code=code, param=param)
+        # LiteLLM's class says so, or (a call the proxy sent itself: the direct path) the provider's own words do.
         too_long = any("ContextWindowExceededError" in _class_names(e) for e in walk_causes(exc))
-        kind_of_error = UpstreamContextLengthError if too_long else UpstreamError
-        error = kind_of_error(message, status=status, type=kind or "upstream_error", code=code, param=param)
+        if too_long or (status == 400 and is_context_length_error(error)):
+            error = UpstreamContextLengthError(message, status=status, type=error.type, code=code, param=param)
         wait = retry_after(exc)
         if wait is not None and status in (429, 503):
             error.retry_after = wait  # type: ignore[attr-defined]

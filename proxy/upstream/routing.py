@@ -42,6 +42,7 @@ class ResolvedModel:
     token_margin: float | None = None  # from model_info; see ``proxy.tokens.token_margin``
     deployment: str = ""  # "model_list[3]": the entry it came from (its in-flight count and cooldown)
     mode: str | None = None  # model_info.mode (LiteLLM's key): "responses" calls it with the Responses API
+    direct: bool = True  # model_info.lcm_direct: false sends its chat calls through LiteLLM (proxy.upstream.direct)
     # This model's deployments (this one first), then each fallback model's; empty: this deployment alone.
     tiers: tuple[Tier, ...] = ()
 
@@ -160,6 +161,7 @@ def _resolved(name: str, index: int, deployment: ModelDeployment, captured: str)
         token_margin=info.token_margin,
         deployment=f"model_list[{index}]",
         mode=_mode(info.model_extra),
+        direct=info.lcm_direct,
     )
 
 
