@@ -6,7 +6,8 @@ Three jobs:
   for field: everything except ``model``/``stream``/``stream_options`` rides in ``extra_body`` (which the
   OpenAI SDK inside LiteLLM merges into the JSON last), *including* ``messages``, so LiteLLM's rewrites
   (``developer`` -> ``system``, dropped ``refusal: null``/``content: null``) never reach the wire. Other
-  providers get the standard OpenAI parameters as keyword arguments, for LiteLLM to translate.
+  providers get the standard OpenAI parameters as keyword arguments, for LiteLLM to translate. Where LiteLLM would
+  only build the URL and headers, the proxy sends the request itself (``proxy.upstream.direct``).
 * **No hidden retries, real timeouts.** LiteLLM's and the OpenAI SDK's retries are switched off. Every call
   goes through ``Upstream._call``: one pass over the model's deployments and fallbacks (``proxy.upstream.balancer``),
   each tried once, moving on only on a retryable failure before the first byte; the proxy's own
