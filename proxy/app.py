@@ -33,6 +33,7 @@ from proxy.relay.policy import ModelPolicy, recall_tool_tokens, router_of
 from proxy.relay.priority import Priority
 from proxy.store.errors import StoreError
 from proxy.store.files import PENDING_MAX_AGE, FileStore
+from proxy.upstream import pool
 from proxy.upstream.client import Upstream
 from proxy.upstream.routing import upstream_of
 from proxy.wire.admin.routes import ADMIN_ROUTES
@@ -131,6 +132,7 @@ async def _stop(state: AppState) -> None:
         state.collecting.cancel()
         await asyncio.wait({state.collecting})
     await state.upstream.windows.close()
+    await pool.close()  # the direct and native calls' connections
     if state.retention is not None:
         await state.retention.stop()
     await state.admin.scrubber.stop()  # a scrub promised to a deletion finishes first

@@ -17,8 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
+from proxy.upstream.pool import Answer
 from proxy.upstream.relay import post, read_object
 from proxy.upstream.sse_events import EventStream
 
@@ -70,7 +69,7 @@ def _url(base: str, path: str) -> str:
     return base + path if base.endswith("/v1") else base + "/v1" + path
 
 
-async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/messages") -> httpx.Response:
+async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/messages") -> Answer:
     """POST ``kwargs["messages_body"]`` to the deployment; the response is open (streamed) and its status below
     400 (an error status raises ``StatusError``)."""
     model, base, key = endpoint(litellm, kwargs)
@@ -83,7 +82,7 @@ async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/messages")
     return await post(kwargs, _url(base, path), body, headers)
 
 
-async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
+async def read_json(response: Answer, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
     return await read_object(response, limit, upstream, "a Messages answer")
 

@@ -42,7 +42,7 @@ from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamError
 from proxy.redaction import environment_credentials, rules
 from proxy.types import ChatBody, JSONObject
-from proxy.upstream import anthropic, direct, responses
+from proxy.upstream import anthropic, direct, pool, responses
 from proxy.upstream.balancer import Balancer, backoff, exhausted, switch_line, switchable
 from proxy.upstream.errors import (
     DEFAULT_UPSTREAM,
@@ -379,7 +379,7 @@ class Upstream(NativeCalls):
             upstream = describe_upstream(candidate)
             response = getattr(getattr(wrapper, "completion_stream", None), "response", wrapper)  # wrapper: direct
             credentials = call_credentials(kwargs)
-            if is_passthrough(kwargs) and isinstance(response, httpx.Response):
+            if is_passthrough(kwargs) and isinstance(response, httpx.Response | pool.Response):
                 chunks = sse_chunks(response, include_usage, credentials, upstream)
             else:
                 chunks = litellm_chunks(wrapper, include_usage)

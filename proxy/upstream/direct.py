@@ -31,12 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.errors import UpstreamError
+from proxy.upstream import pool
 from proxy.upstream.errors import capital
-from proxy.upstream.relay import _client, read_error, too_large
+from proxy.upstream.relay import read_error, too_large
 
 # Set to False to send every chat call through LiteLLM (the test suite runs both ways: tests/upstream/conftest.py).
 ENABLED = True
@@ -111,7 +111,7 @@ def _body(kwargs: Mapping[str, Any], model: str) -> bytes:
     return orjson.dumps(body)
 
 
-async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> httpx.Response | dict[str, Any]:
+async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> pool.Answer | dict[str, Any]:
     """POST the call to its endpoint. Streamed: the response, open, its status below 400. Not streamed: the
     answer's JSON object, read within ``limit`` bytes. An error status raises ``StatusError``."""
     point: Endpoint = kwargs[KEY]
@@ -122,10 +122,7 @@ async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> httpx.Re
     for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
         if isinstance(extra, Mapping):
             headers.update({str(k).lower(): str(v) for k, v in extra.items()})
-    timeout: httpx.Timeout = kwargs["timeout"]
-    client = _client(timeout.read, timeout.connect)
-    request = client.build_request("POST", point.url, content=_body(kwargs, point.model), headers=headers)
-    response = await client.send(request, stream=True)
+    response = await pool.send(point.url, _body(kwargs, point.model), headers, kwargs["timeout"])
     if response.status_code >= 400:
         raise await read_error(response)
     if stream:
@@ -133,7 +130,7 @@ async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> httpx.Re
     return await read_json(response, limit, upstream)
 
 
-async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
+async def read_json(response: pool.Answer, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
     data = bytearray()
     try:

@@ -28,7 +28,9 @@ import httpx
 import orjson
 
 from proxy.errors import UpstreamError
+from proxy.upstream import pool
 from proxy.upstream.errors import ERROR_BODY_BYTES, MAX_ERROR_FIELD_CHARS, TRUNCATED, capital
+from proxy.upstream.pool import Answer
 
 CHUNK_BYTES = 1 << 16
 # litellm_params a relayed call honours; a deployment with any other (api_version, organization, aws_...) is
@@ -52,8 +54,9 @@ class StatusError(httpx.HTTPStatusError):
     """An upstream error answer, read within ``ERROR_BODY_BYTES``: its status, its JSON body (None when it had
     none that could be read) and its headers, where ``translate_exception`` looks for them."""
 
-    def __init__(self, response: httpx.Response, body: Any) -> None:
-        super().__init__(f"upstream answered {response.status_code}", request=response.request, response=response)
+    def __init__(self, response: Answer, body: Any) -> None:
+        # An aiohttp answer (``proxy.upstream.pool``) too: what is read of it is its status and its headers.
+        super().__init__(f"upstream answered {response.status_code}", request=response.request, response=response)  # type: ignore[arg-type]
         self.status_code = response.status_code
         self.body = body if body is not None else {"error": {"message": f"HTTP {response.status_code}"}}
 
@@ -98,7 +101,7 @@ def _client(read: float | None, connect: float | None) -> httpx.AsyncClient:
     return client
 
 
-async def post(kwargs: Mapping[str, Any], url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+async def post(kwargs: Mapping[str, Any], url: str, body: dict[str, Any], headers: dict[str, str]) -> Answer:
     """A native call's POST (Messages, Responses): ``body`` as JSON to ``url`` with ``headers`` and the
     deployment's own ``headers`` / ``extra_headers`` over them, on the pooled client with the call's timeouts;
     the response open (streamed) and its status below 400 (an error status raises ``StatusError``)."""
@@ -106,16 +109,13 @@ async def post(kwargs: Mapping[str, Any], url: str, body: dict[str, Any], header
     for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
         if isinstance(extra, Mapping):
             headers.update({str(k).lower(): str(v) for k, v in extra.items()})
-    timeout: httpx.Timeout = kwargs["timeout"]
-    client = _client(timeout.read, timeout.connect)
-    request = client.build_request("POST", url, content=orjson.dumps(body), headers=headers)
-    response = await client.send(request, stream=True)
+    response = await pool.send(url, orjson.dumps(body), headers, kwargs["timeout"])
     if response.status_code >= 400:
         raise await read_error(response)
     return response
 
 
-async def read_object(response: httpx.Response, limit: int, upstream: str, what: str) -> dict[str, Any]:
+async def read_object(response: Answer, limit: int, upstream: str, what: str) -> dict[str, Any]:
     """A native call's non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a
     JSON object (``what``: the kind of answer expected, for the message)."""
     data = bytearray()
@@ -147,7 +147,7 @@ def _parse_error(raw: bytes) -> Any:
         return {"error": {"message": text}} if text else None
 
 
-async def _read_capped(chunks: AsyncIterator[bytes], response: httpx.Response) -> bytes:
+async def _read_capped(chunks: AsyncIterator[bytes], response: Answer) -> bytes:
     """At most ``ERROR_BODY_BYTES`` of an error answer (the rest is never read); the response is closed."""
     data = bytearray()
     try:
@@ -161,7 +161,7 @@ async def _read_capped(chunks: AsyncIterator[bytes], response: httpx.Response) -
     return bytes(data)
 
 
-async def read_error(response: httpx.Response) -> StatusError:
+async def read_error(response: Answer) -> StatusError:
     """The error answer, read up to ``ERROR_BODY_BYTES`` and parsed off the loop."""
     raw = await _read_capped(response.aiter_raw(CHUNK_BYTES), response)
     return StatusError(response, await asyncio.to_thread(_parse_error, raw))

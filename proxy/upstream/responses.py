@@ -24,8 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
+from proxy.upstream.pool import Answer
 from proxy.upstream.relay import post, read_object
 from proxy.upstream.sse_events import EventStream, has_shape
 
@@ -92,7 +91,7 @@ def endpoint(litellm: Any, kwargs: Mapping[str, Any], path: str = "/responses") 
     return model, base.rstrip("/") + path, {"authorization": f"Bearer {key}"} if key else {}
 
 
-async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/responses") -> httpx.Response:
+async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/responses") -> Answer:
     """POST ``kwargs["responses_body"]`` to the deployment; the response is open (streamed) and its status below
     400 (an error status raises ``StatusError``)."""
     model, url, auth = endpoint(litellm, kwargs, path)
@@ -104,7 +103,7 @@ async def send(litellm: Any, kwargs: Mapping[str, Any], path: str = "/responses"
     return await post(kwargs, url, body, headers)
 
 
-async def read_json(response: httpx.Response, limit: int, upstream: str) -> dict[str, Any]:
+async def read_json(response: Answer, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
     return await read_object(response, limit, upstream, "a Responses answer")
 

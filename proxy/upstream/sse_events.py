@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import httpx
 import orjson
 
 from proxy.errors import UpstreamError
 from proxy.upstream.errors import capital, map_litellm_exceptions
+from proxy.upstream.pool import Answer
 
 MAX_EVENT_BYTES = 16 << 20  # one event larger than this is a broken stream, not an answer
 
@@ -58,7 +58,7 @@ class EventStream:
     END: ClassVar[bytes | None] = None  # a data line that ends the stream without being an event (``[DONE]``)
 
     def __init__(
-        self, response: httpx.Response, upstream: str, timeout: float | None = None, credentials: tuple[str, ...] = ()
+        self, response: Answer, upstream: str, timeout: float | None = None, credentials: tuple[str, ...] = ()
     ) -> None:
         self._response = response
         self._upstream = upstream

@@ -22,12 +22,12 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.types import Chunk
 from proxy.upstream.errors import DEFAULT_UPSTREAM, is_cut_off, map_litellm_exceptions, redact_upstream_message
+from proxy.upstream.pool import Answer
 from proxy.upstream.rounds import bad_stream, check_chunk
 from proxy.upstream.shapes import chunk_to_json
 
@@ -47,7 +47,7 @@ def truncated() -> UpstreamError:
 
 
 async def sse_chunks(
-    response: httpx.Response, include_usage: bool, credentials: Iterable[str] = (), upstream: str = DEFAULT_UPSTREAM
+    response: Answer, include_usage: bool, credentials: Iterable[str] = (), upstream: str = DEFAULT_UPSTREAM
 ) -> AsyncIterator[Chunk]:
     """An OpenAI-compatible upstream's own SSE events, relayed as sent.
 

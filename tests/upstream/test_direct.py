@@ -12,7 +12,7 @@ import pytest
 
 from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamConnectionError, UpstreamError
-from proxy.upstream import direct, relay
+from proxy.upstream import direct, pool
 from proxy.upstream.client import Upstream, load_litellm
 from proxy.upstream.routing import ResolvedModel
 from tests.support.fakes import FakeUpstream, Reply
@@ -112,17 +112,19 @@ def test_the_setting_reaches_the_deployment(app_factory: Any) -> None:
     assert router.resolve("litellm").direct is False
 
 
-def test_calls_share_one_pooled_client(upstream_url: str) -> None:
-    """Keep-alive: every call of one event loop with the same timeouts uses one client (one connection pool)."""
+def test_calls_share_one_kept_alive_connection(upstream_url: str) -> None:
+    """Keep-alive: consecutive calls of one event loop reuse one pooled connection, and shutdown closes it."""
     upstream = Upstream(GeneralSettings(request_timeout=10))
 
-    async def three() -> set[int]:
+    async def three() -> tuple[int, bool]:
         for _ in range(3):
             await upstream.complete(target(upstream_url), dict(BODY))
-        loop = asyncio.get_running_loop()
-        return {id(client) for client in relay._clients[loop].values()}
+        session = pool._sessions[asyncio.get_running_loop()]
+        connections = sum(len(idle) for idle in session.connector._conns.values())  # type: ignore[union-attr]
+        await pool.close()
+        return connections, session.closed
 
-    assert len(asyncio.run(three())) == 1
+    assert asyncio.run(three()) == (1, True)
 
 
 def test_litellm_is_asked_once_per_deployment(upstream_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import respx
 
 from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamError
-from proxy.upstream import responses
+from proxy.upstream import pool, responses
 from proxy.upstream.client import Upstream, load_litellm
 from proxy.upstream.responses import ResponsesStream, client_headers, is_responses
 from proxy.upstream.routing import ResolvedModel
@@ -31,6 +31,13 @@ TARGET = ResolvedModel(
 )
 BODY: dict[str, Any] = {"model": "codex", "input": [{"type": "message", "role": "user", "content": "hi"}]}
 ANSWER: dict[str, Any] = {"id": "resp_1", "object": "response", "status": "completed", "output": []}
+
+
+@pytest.fixture(autouse=True)
+def httpx_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """respx mocks httpx: here the calls the proxy sends itself go out through httpx (``pool.HTTPX``); the
+    aiohttp client they use otherwise is tested on real sockets (tests/upstream/test_pool.py)."""
+    monkeypatch.setattr(pool, "HTTPX", True)
 
 
 def sse(*events: dict[str, Any]) -> bytes:

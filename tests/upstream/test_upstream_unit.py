@@ -13,6 +13,7 @@ import respx
 
 from proxy.config.settings import GeneralSettings
 from proxy.errors import UpstreamConnectionError, UpstreamContextLengthError, UpstreamError, UpstreamTimeoutError
+from proxy.upstream import pool
 from proxy.upstream.client import Upstream, is_context_length_error, load_litellm, translate_exception
 from proxy.upstream.routing import ResolvedModel
 
@@ -38,6 +39,13 @@ OK = {
     ],
     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
 }
+
+
+@pytest.fixture(autouse=True)
+def httpx_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """respx mocks httpx: here the calls the proxy sends itself go out through httpx (``pool.HTTPX``); the
+    aiohttp client they use otherwise is tested on real sockets (tests/upstream/test_pool.py)."""
+    monkeypatch.setattr(pool, "HTTPX", True)
 
 
 @pytest.fixture
