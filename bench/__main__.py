@@ -11,7 +11,7 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, kit, ledger, load, overhead, standing_eval, store
+from bench import compaction, delete, fidelity, ingest, kit, ledger, load, overhead, scale, standing_eval, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "store": store.main,
     "delete": delete.main,
     "compaction": compaction.main,
+    "scale": scale.main,
     "overhead": overhead.main,
     "load": load.main,
     "fidelity": fidelity.main,
@@ -26,7 +27,7 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "standing-eval": standing_eval.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "standing-eval", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "scale", "standing-eval", "store"}
 
 
 def main() -> None:

@@ -182,3 +182,18 @@ def test_standing_eval_real_proposer_asks_as_the_leaf_pass_and_verifies_what_it_
     assert call.standing and len(call.offered) == 2 and len(call.accepted) == 1 and call.notes_usable
     assert any(standing_eval.matches(i.text, planted["quote"]) for i in items)
     assert "accepted by verification: 1" in standing_eval.report_calls(proposer.calls)
+
+
+def test_scale_benchmark_prints_its_tables() -> None:
+    """``python -m bench scale`` (the proxy's own time per request as a conversation grows), small sizes."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "scale", "--quick", "--sizes", "10,100", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "## scale: the proxy's own time per request, in process" in result.stdout
+    assert "| identity (lookup) |" in result.stdout
+    assert "## scale: whole request over HTTP" in result.stdout

@@ -87,6 +87,7 @@ class Preparation:
         return self.done
 
 
+TAIL_WINDOW = 64  # newest raw messages a request reads first, for its required start (``_view``)
 MAX_CONTINUED = 64  # client compactions one conversation is followed back through (as recall's ancestors)
 
 
@@ -154,7 +155,7 @@ class ContextEngine:
             sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None), reserve)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
-        required = sum(view.costs[view.required - view.upto :])
+        required = sum(view.costs[view.required - view.start :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
             refusal = budget.too_large(required, limit, request_budget, instruction_tokens)
@@ -213,6 +214,8 @@ class ContextEngine:
             summaries = await asyncio.to_thread(standing.masked_summaries, view.summaries)
         else:
             summaries = standing.masked_summaries(view.summaries)
+        if not view.complete:  # eviction may reach any raw message
+            view = await self._view(request.conversation, count, limit, dialect, tail=False)
         try:
             assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
         except TooLarge:  # the recall and ledger reserves give way
@@ -281,11 +284,30 @@ class ContextEngine:
             return Standing.of([])
         return await Standing.read(self.store.read, conversation_id)
 
-    async def _view(self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect) -> View:
+    async def _view(
+        self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect, *, tail: bool = True
+    ) -> View:
+        """The stored view of the first ``count`` messages. ``tail``: read the roles and costs of the newest raw
+        messages only, as far back as the required start needs, and the total from the stored running sums
+        (``proxy.store.running``): a long uncompacted conversation then costs a request a few rows, not one per
+        message (``_assemble`` reads them all when material must leave the view)."""
         summaries, upto = await self.compactor.view(conversation, count)
+        stubbed, window = conversation.stubbed_upto, TAIL_WINDOW
+        if tail and count - upto > window:
+            raw = await self.store.read.raw_token_sum(conversation.id, upto, count, stubbed)
+            while count - window > upto:
+                start = count - window
+                roles = await self.store.read.roles(conversation.id, start, count)
+                costs = await self.store.read.raw_token_counts(conversation.id, start, count, stubbed)
+                required = required_start(dialect, roles, costs, start, count, limit)
+                # The newest user message within the window (after its first message) and the start after
+                # the window's first message: the same answer as reading every message would give.
+                if required > start and any(dialect.user_turn(role) for role in roles[1:]):
+                    return View(summaries, upto, roles, costs, required, dialect, start, raw)
+                window *= 4
         q = reads_for(self.store, count - upto)  # raw messages as long as the history until a compaction
         roles = await q.roles(conversation.id, upto, count)
-        costs = await q.raw_token_counts(conversation.id, upto, count, conversation.stubbed_upto)
+        costs = await q.raw_token_counts(conversation.id, upto, count, stubbed)
         required = required_start(dialect, roles, costs, upto, count, limit) if costs else count
         return View(summaries, upto, roles, costs, required, dialect)
 

@@ -45,8 +45,20 @@ def new_conversation_id() -> str:
 
 
 async def _binary_search(count: int, present: Callable[[int], Awaitable[bool]]) -> int:
-    """Largest k such that present(i) holds for every i < k; ``present`` must be prefix-closed."""
-    low, high = 0, count
+    """Largest k such that present(i) holds for every i < k; ``present`` must be prefix-closed.
+
+    Galloping from the end: a client re-sends what is stored plus a few new messages, so the answer is
+    nearly always within a few messages of ``count``. Probing ``count - 1``, ``count - 2``, ``count - 4``, ...
+    finds it in O(log(count - k)) lookups: one for a re-send, three or four for a continuation, however long
+    the conversation (a transcript with nothing stored costs about what a plain binary search does)."""
+    low, high, step = 0, count, 1
+    while high - step >= low:
+        probe = high - step  # high: the smallest index known not to be present (or count)
+        if await present(probe):
+            low = probe + 1
+            break
+        high = probe
+        step *= 2
     while low < high:
         middle = (low + high + 1) // 2
         if await present(middle - 1):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
 import orjson
@@ -38,7 +38,7 @@ from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
-from proxy.engine.rows import OFF_LOOP_CHARS, prepare_message, weight
+from proxy.engine.rows import OFF_LOOP_CHARS, ToolNames, prepare_message, weight
 from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
@@ -137,7 +137,7 @@ class Ingestor:
         explorations: dict[str, str] = {}
         explorer = self.explorer(scope, summarizer, explorations)
         interceptor = Interceptor(scope, limits.large_file_tokens, limits.tool_result_tokens, explorer, dialect)
-        tool_names = {call.id: call.name for m in transcript for call in dialect.tool_calls(m)}
+        tool_names = ToolNames(dialect, transcript)
 
         # Prepare outside the write lock: interception may write files and call the summarizer. New payload
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
@@ -193,7 +193,7 @@ class Ingestor:
         instruction_tokens = count_messages(incoming.dialect, instructions)
         forwarded = list(instructions)
         changed = False
-        for seq, message in enumerate(transcript):
+        for seq, message in enumerate(transcript if overrides else ()):
             patches = overrides.get(seq)
             if patches is None:
                 forwarded.append(message)
@@ -368,7 +368,7 @@ class Ingestor:
         return request_explorer(self.store.read, self.guard, scope, summarizer, explorations, *limits)
 
     async def prepare_message(
-        self, interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch
+        self, interceptor: Interceptor, message: Message, chain: str, tool_names: Mapping[str, str], batch: BlobBatch
     ) -> tuple[Interception, NewMessage]:
         """``proxy.engine.rows.prepare_message``, through the ingestor (where tests observe it)."""
         return await prepare_message(interceptor, message, chain, tool_names, batch)

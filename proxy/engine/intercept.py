@@ -28,7 +28,7 @@ import binascii
 import copy
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,7 +223,7 @@ class Interceptor:
     def _payload(self, data: bytes, name: str, mime: str, kind: str, text: str | None) -> Payload:
         return Payload(file_id_for(self.scope, data, name, mime), data, name, mime, kind, text)
 
-    async def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
+    async def intercept(self, message: Message, tool_names: Mapping[str, str]) -> Interception:
         result = Interception(original=message, paths=[], forward_patches=[], compact_patches=[])
         # Where a message keeps its text, tool output and encoded bytes is the dialect's to say.
         for site in self.dialect.payload_sites(message):

@@ -36,14 +36,26 @@ class View:
 
     summaries: list[SummaryRecord]
     upto: int
-    roles: list[str]
+    roles: list[str]  # of raw messages [offset, count): the newest ones only, when that was enough to read
     costs: list[int]
     required: int  # first seq that must be forwarded raw (``assemble.required_start``)
     dialect: Dialect  # the wire format of the request, in which the summaries are rendered
+    offset: int = -1  # first seq ``roles`` and ``costs`` cover (-1: ``upto``, all of the raw messages)
+    raw_tokens: int = -1  # of all raw messages [upto, count) (-1: ``sum(costs)``)
+
+    @property
+    def start(self) -> int:
+        return self.upto if self.offset < 0 else self.offset
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``roles`` and ``costs`` cover every raw message (what eviction needs)."""
+        return self.start == self.upto
 
     @property
     def tokens(self) -> int:
-        return summary_tokens(self.summaries, self.dialect) + sum(self.costs)
+        raw = sum(self.costs) if self.raw_tokens < 0 else self.raw_tokens
+        return summary_tokens(self.summaries, self.dialect) + raw
 
 
 @dataclass(frozen=True)

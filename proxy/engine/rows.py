@@ -10,19 +10,20 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 import orjson
 
+from proxy.dialects import Dialect
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches
 from proxy.store.base import BlobBatch
 from proxy.store.records import NewMessage
-from proxy.types import Message
+from proxy.types import Message, Messages
 
 
 async def prepare_message(
-    interceptor: Interceptor, message: Message, chain: str, tool_names: dict[str, str], batch: BlobBatch
+    interceptor: Interceptor, message: Message, chain: str, tool_names: Mapping[str, str], batch: BlobBatch
 ) -> tuple[Interception, NewMessage]:
     """``message`` intercepted (new payloads added to ``batch`` and written) and its row to store."""
     off_loop = weight(message) >= OFF_LOOP_CHARS
@@ -131,7 +132,7 @@ class _DeferredExplorations:
         self.wanted.setdefault(payload.file_id, payload)
         return f"{self._prefix}{payload.file_id}\x00"
 
-    def intercept(self, message: Message, tool_names: dict[str, str]) -> Interception:
+    def intercept(self, message: Message, tool_names: Mapping[str, str]) -> Interception:
         original = self.interceptor
         marking = Interceptor(original.scope, original.large, original.tool, self._mark, original.dialect)
         return _run_now(marking.intercept(message, tool_names))
@@ -146,3 +147,35 @@ class _DeferredExplorations:
 
         for patches in (interception.forward_patches, interception.compact_patches):
             patches[:] = [(path, marker.sub(summary, value)) for path, value in patches]
+
+
+class ToolNames(Mapping[str, str]):
+    """The names of a transcript's tool calls by call id, read from the newest message back only as far as a
+    lookup needs: a tool result answers a call shortly before it, and a request prepares only its new
+    messages (reading every message of a long transcript for them cost each request time in its length).
+    The newest call with an id wins, as in the transcript read front to back."""
+
+    def __init__(self, dialect: Dialect, transcript: Messages) -> None:
+        self._dialect = dialect
+        self._transcript = transcript
+        self._next = len(transcript) - 1  # the newest message not read yet
+        self._names: dict[str, str] = {}
+
+    def _read_until(self, key: str | None) -> None:
+        while (key is None or key not in self._names) and self._next >= 0:
+            calls = {call.id: call.name for call in self._dialect.tool_calls(self._transcript[self._next])}
+            for call_id, name in calls.items():
+                self._names.setdefault(call_id, name)
+            self._next -= 1
+
+    def __getitem__(self, key: str) -> str:
+        self._read_until(key)
+        return self._names[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self._read_until(None)
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        self._read_until(None)
+        return len(self._names)

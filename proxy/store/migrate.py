@@ -71,7 +71,7 @@ TABLES = (
     _table(
         "messages",
         "id conversation_id seq role original_json payload_paths forward_json compact_json text token_count"
-        " sent_token_count chain_hash created_at compact_token_count",
+        " sent_token_count chain_hash created_at compact_token_count cum_tokens cum_sent_tokens cum_compact_tokens",
         "id",
         "text",
     ),

@@ -258,6 +258,25 @@ migration(
 )
 
 
+migration(
+    "p009_running_token_sums",
+    """
+    -- See proxy.store.sqlite.migrations (m013_running_token_sums).
+    ALTER TABLE lcm.messages ADD COLUMN cum_tokens bigint;
+    ALTER TABLE lcm.messages ADD COLUMN cum_sent_tokens bigint;
+    ALTER TABLE lcm.messages ADD COLUMN cum_compact_tokens bigint;
+    UPDATE lcm.messages m SET cum_tokens = r.t, cum_sent_tokens = r.s, cum_compact_tokens = r.k
+    FROM (
+        SELECT id, sum(token_count) OVER w AS t, sum(sent_token_count) OVER w AS s,
+            sum(coalesce(compact_token_count, token_count)) OVER w AS k
+        FROM lcm.messages WINDOW w AS (PARTITION BY conversation_id ORDER BY seq)
+    ) AS r
+    WHERE r.id = m.id;
+    CREATE INDEX messages_forwarded ON lcm.messages(conversation_id, seq) WHERE forward_json IS NOT NULL;
+    """,
+)
+
+
 async def recorded(conn: Any) -> set[str]:
     """The migrations recorded as applied (none before the first): read without any DDL, so a role that may
     use the ``lcm`` schema but not create one starts once the schema is up to date."""

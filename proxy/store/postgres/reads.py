@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from proxy.store import running
 from proxy.store.errors import StoreBusy
 from proxy.store.postgres.ledger import PostgresLedgerReads
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, ResponseRecord, SummaryRecord
@@ -238,7 +239,21 @@ class PostgresReads(Session, PostgresLedgerReads):
         )
         return {int(seq): text for seq, text in rows}
 
+    async def running_sums(self, conversation_id: str, seqs: Sequence[int]) -> dict[int, running.Running] | None:
+        """See ``proxy.store.sqlite.reads.Queries.running_sums``."""
+        wanted = sorted({s for s in seqs if s >= 0})
+        rows = []
+        if wanted:
+            rows = await self._all(
+                f"SELECT seq, {running.COLUMNS} FROM lcm.messages WHERE conversation_id = %s AND seq = ANY(%s)",
+                (conversation_id, wanted),
+            )
+        return running.found(rows, wanted)
+
     async def token_sums(self, conversation_id: str, end: int) -> tuple[int, int]:
+        sums = await self.running_sums(conversation_id, [end - 1])
+        if sums is not None:
+            return sums[end - 1][0], sums[end - 1][1]
         row = await self._one(
             "SELECT coalesce(sum(token_count), 0), coalesce(sum(sent_token_count), 0) FROM lcm.messages"
             " WHERE conversation_id = %s AND seq < %s",
@@ -288,6 +303,9 @@ class PostgresReads(Session, PostgresLedgerReads):
         return [int(r[0]) for r in rows]
 
     async def raw_token_sum(self, conversation_id: str, start: int, end: int, stubbed_upto: int) -> int:
+        sums = await self.running_sums(conversation_id, running.raw_points(start, end, stubbed_upto))
+        if sums is not None:
+            return running.raw_sum(sums, start, end, stubbed_upto)
         row = await self._one(
             f"SELECT coalesce(sum({self._ASSEMBLED}), 0) FROM lcm.messages"
             " WHERE conversation_id = %s AND seq >= %s AND seq < %s",

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from proxy.store import running
 from proxy.store.postgres.delete import PostgresRemoval
 from proxy.store.postgres.ledger import PostgresLedgerWrites
 from proxy.store.postgres.reads import FILE_COLUMNS, RESPONSE_COLUMNS, SUM_COLUMNS, PostgresReads
@@ -22,7 +23,8 @@ LOCK_NAMESPACE = "lcm-proxy"
 NOW = "extract(epoch from clock_timestamp())"  # the database's clock: replicas' clocks may disagree
 _MESSAGE_FIELDS = (
     "conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
-    " sent_token_count, chain_hash, created_at, compact_token_count, words"
+    " sent_token_count, chain_hash, created_at, compact_token_count, words, cum_tokens, cum_sent_tokens,"
+    " cum_compact_tokens"
 )
 OFF_LOOP_CHARS = 200_000  # texts of one append longer than this are folded into words in a worker thread
 
@@ -81,7 +83,8 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
         await self._run(
             f"INSERT INTO lcm.messages ({_MESSAGE_FIELDS}) SELECT %s, seq, role, original_json, payload_paths,"
             " forward_json, compact_json, text, token_count, sent_token_count, chain_hash, created_at,"
-            " compact_token_count, words FROM lcm.messages WHERE conversation_id = %s AND seq < %s ORDER BY seq",
+            f" compact_token_count, words, {running.COLUMNS} FROM lcm.messages WHERE conversation_id = %s AND seq < %s"
+            " ORDER BY seq",
             (target_id, source_id, count),
         )
         await self._run(
@@ -101,15 +104,16 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
             vectors = await asyncio.to_thread(lambda: [tsvector(t) for t in texts])
         else:
             vectors = [tsvector(t) for t in texts]
+        sums = running.extend(await self._running_base(conversation_id, first_seq), messages)
         # One pipelined statement for all the rows (a chunk of a large request holds up to a hundred messages).
         await self._run_many(
             f"INSERT INTO lcm.messages ({_MESSAGE_FIELDS})"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)",
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector, %s, %s, %s)",
             [
                 (
                     conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
                     m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
-                    m.compact_token_count, words,
+                    m.compact_token_count, words, *sums[offset],
                 )
                 for offset, (m, words) in enumerate(zip(messages, vectors, strict=True))
             ],
@@ -127,6 +131,19 @@ class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
             " updated_at = %s WHERE id = %s",
             (len(messages), sum(m.token_count for m in messages), time.time(), conversation_id),
         )
+
+    async def _running_base(self, conversation_id: str, first_seq: int) -> running.Running:
+        """The running sums before ``first_seq``: stored on the previous row, or added up when it has none."""
+        sums = await self.running_sums(conversation_id, [first_seq - 1])
+        if sums is not None:
+            return sums[first_seq - 1]
+        row = await self._one(
+            "SELECT coalesce(sum(token_count), 0), coalesce(sum(sent_token_count), 0),"
+            " coalesce(sum(coalesce(compact_token_count, token_count)), 0) FROM lcm.messages"
+            " WHERE conversation_id = %s AND seq < %s",
+            (conversation_id, first_seq),
+        )
+        return int(row[0]), int(row[1]), int(row[2])
 
     async def _refresh_counts(self, conversation_id: str) -> None:
         await self._run(

@@ -334,3 +334,26 @@ migration(
     CREATE INDEX responses_conversation ON responses(conversation_id);
     """,
 )
+
+
+migration(
+    "m013_running_token_sums",
+    """
+    -- Each message's running sums of its conversation's token counts over [0, seq] (proxy.store.running): a request
+    -- reads the cost of any range of a long conversation from two rows instead of adding up one row per message.
+    -- Rows stored before this step get theirs here; a row without them makes readers add the rows up.
+    ALTER TABLE messages ADD COLUMN cum_tokens INTEGER;
+    ALTER TABLE messages ADD COLUMN cum_sent_tokens INTEGER;
+    ALTER TABLE messages ADD COLUMN cum_compact_tokens INTEGER;
+    UPDATE messages SET cum_tokens = r.t, cum_sent_tokens = r.s, cum_compact_tokens = r.k
+    FROM (
+        SELECT id, sum(token_count) OVER w AS t, sum(sent_token_count) OVER w AS s,
+            sum(coalesce(compact_token_count, token_count)) OVER w AS k
+        FROM messages WINDOW w AS (PARTITION BY conversation_id ORDER BY seq)
+    ) AS r
+    WHERE r.id = messages.id;
+    -- The few messages forwarded in another form than stored (stubs): what every request reads of them, without
+    -- visiting every other message of the conversation.
+    CREATE INDEX messages_forwarded ON messages(conversation_id, seq) WHERE forward_json IS NOT NULL;
+    """,
+)

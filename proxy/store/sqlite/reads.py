@@ -11,6 +11,7 @@ from typing import Any
 
 import aiosqlite
 
+from proxy.store import running
 from proxy.store.errors import StoreBusy
 from proxy.store.records import ConversationRecord, FileRecord, MessageRecord, ResponseRecord, SummaryRecord
 from proxy.store.sqlite.ledger import SQLiteLedgerReads
@@ -195,8 +196,23 @@ class Queries(SQLiteLedgerReads):
         )
         return {seq: text for seq, text in rows}
 
+    async def running_sums(self, conversation_id: str, seqs: Sequence[int]) -> dict[int, running.Running] | None:
+        """The stored running sums of messages ``seqs`` (``proxy.store.running``); None when one is unknown."""
+        wanted = sorted({s for s in seqs if s >= 0})
+        rows = []
+        if wanted:
+            rows = await self._all(
+                f"SELECT seq, {running.COLUMNS} FROM messages WHERE conversation_id = ?"
+                f" AND seq IN ({','.join('?' * len(wanted))})",
+                (conversation_id, *wanted),
+            )
+        return running.found(rows, wanted)
+
     async def token_sums(self, conversation_id: str, end: int) -> tuple[int, int]:
         """(forwarded, sent) tokens of messages [0, end)."""
+        sums = await self.running_sums(conversation_id, [end - 1])
+        if sums is not None:
+            return sums[end - 1][0], sums[end - 1][1]
         row = await self._one(
             "SELECT coalesce(sum(token_count), 0), coalesce(sum(sent_token_count), 0) FROM messages"
             " WHERE conversation_id = ? AND seq < ?",
@@ -245,6 +261,9 @@ class Queries(SQLiteLedgerReads):
 
     async def raw_token_sum(self, conversation_id: str, start: int, end: int, stubbed_upto: int) -> int:
         """Tokens of messages [start, end) as assembled: the compact form where stubbing applies."""
+        sums = await self.running_sums(conversation_id, running.raw_points(start, end, stubbed_upto))
+        if sums is not None:
+            return running.raw_sum(sums, start, end, stubbed_upto)
         row = await self._one(
             "SELECT coalesce(sum(CASE WHEN seq < ? AND compact_token_count IS NOT NULL"
             " THEN compact_token_count ELSE token_count END), 0) FROM messages"

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import aiosqlite
 
+from proxy.store import running
 from proxy.store.records import FileRecord, NewMessage, ResponseRecord, SummaryRecord
 from proxy.store.sqlite.delete import SQLiteRemoval
 from proxy.store.sqlite.ledger import SQLiteLedgerWrites
@@ -78,9 +79,10 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
         ``target_id``."""
         await self.conn.execute(
             "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-            " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
-            " SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text, token_count,"
-            " sent_token_count, chain_hash, created_at, compact_token_count FROM messages"
+            f" compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count,"
+            f" {running.COLUMNS}) SELECT ?, seq, role, original_json, payload_paths, forward_json, compact_json, text,"
+            f" token_count, sent_token_count, chain_hash, created_at, compact_token_count, {running.COLUMNS}"
+            " FROM messages"
             " WHERE conversation_id = ? AND seq < ? ORDER BY seq",
             (target_id, source_id, count),
         )
@@ -95,17 +97,18 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
 
     async def append_messages(self, conversation_id: str, first_seq: int, messages: Sequence[NewMessage]) -> None:
         now = time.time()
+        sums = running.extend(await self._running_base(conversation_id, first_seq), messages)
         # One statement for all the rows (each statement is a hop to the writer's thread and back, which the
         # transaction holds the writer for; the ingestor appends a large request in chunks of many messages).
         await self.conn.executemany(
             "INSERT INTO messages (conversation_id, seq, role, original_json, payload_paths, forward_json,"
-            " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " compact_json, text, token_count, sent_token_count, chain_hash, created_at, compact_token_count,"
+            f" {running.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     conversation_id, first_seq + offset, m.role, m.original_json, m.payload_paths, m.forward_json,
                     m.compact_json, m.text, m.token_count, m.sent_token_count, m.chain_hash, now,
-                    m.compact_token_count,
+                    m.compact_token_count, *sums[offset],
                 )
                 for offset, m in enumerate(messages)
             ],
@@ -123,6 +126,19 @@ class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
             " updated_at = ? WHERE id = ?",
             (len(messages), sum(m.token_count for m in messages), time.time(), conversation_id),
         )
+
+    async def _running_base(self, conversation_id: str, first_seq: int) -> running.Running:
+        """The running sums before ``first_seq``: stored on the previous row, or added up when it has none."""
+        sums = await self.running_sums(conversation_id, [first_seq - 1])
+        if sums is not None:
+            return sums[first_seq - 1]
+        row = await self._one(
+            "SELECT coalesce(sum(token_count), 0), coalesce(sum(sent_token_count), 0),"
+            " coalesce(sum(coalesce(compact_token_count, token_count)), 0) FROM messages"
+            " WHERE conversation_id = ? AND seq < ?",
+            (conversation_id, first_seq),
+        )
+        return int(row[0]), int(row[1]), int(row[2])
 
     async def _refresh_counts(self, conversation_id: str) -> None:
         await self.conn.execute(
