@@ -1,30 +1,25 @@
-"""Added latency and throughput of lcm-proxy against comparators, all on loopback, measured in one run.
+"""Added latency, CPU and throughput of lcm-proxy against comparators, all on loopback, measured in one run.
 
 Every server runs in its own process, one at a time, in front of the same fake upstream: a bare aiohttp
 pass-through (the floor for a Python proxy), a bare ``litellm.acompletion`` forwarder (the cost of LiteLLM
-itself), LiteLLM's own proxy server (its own virtualenv, no database; see ``bench/litellm_proxy.py``) and
-lcm-proxy. The baseline is the fake upstream called directly by the same client.
+itself, chat only), LiteLLM's own proxy server (its own virtualenv, no database; see ``bench/litellm_proxy.py``)
+and lcm-proxy. The baseline is the fake upstream called directly by the same client.
 
-1. Latency, one client at a time: a short non-streaming request; a short streaming request (time to the first
-   SSE ``data:`` line, and to the end of the stream); and a long conversation (300 messages, ~12k tokens) that
-   lcm-proxy has already compacted (an 8k-token window; compacted during warm-up). p50/p99, and both minus the
-   baseline's ("added").
-2. Anthropic's ``/v1/messages``, one client at a time: a short request, non-streaming and streaming, through
-   lcm-proxy's Messages door to an Anthropic deployment (native: the fake's own ``/v1/messages``) and to an
-   OpenAI-compatible one (translated to the fake's ``/v1/chat/completions``), and through LiteLLM proxy's
-   ``/v1/messages`` to the same two kinds of deployment. The baseline is the fake's ``/v1/messages`` called
-   directly. The bare forwarders have no such route.
-3. OpenAI's ``/v1/responses``, the same way: through lcm-proxy's Responses door to an ``openai/responses/``
-   deployment (native: the fake's own ``/v1/responses``) and to an ``openai/`` chat one (translated), and
-   through LiteLLM proxy's ``/v1/responses`` to the same two. The baseline is the fake's ``/v1/responses``.
-   (``bench/overhead_doors.py`` holds both doors' requests, deployments and tables.)
-4. Throughput of the short non-streaming request at 1, 8 and 64 concurrent clients.
-5. lcm-proxy's figures divided by each comparator's, next to the targets of the performance issue.
+1. Latency, one client at a time, per door and kind of deployment (``bench/overhead_doors.py``): a first turn, a
+   continuation, a re-send, a streamed first turn (first SSE data line, and the end). p50/p99, both minus the
+   baseline's ("added"), and the server process's CPU time per request (user + system, all its threads, from
+   /proc: unlike wall time it hardly moves with the machine's load).
+2. Chat only: a long conversation (300 messages, ~12k tokens) that lcm-proxy has already compacted (an 8k-token
+   window; compacted during warm-up).
+3. Throughput of first turns at 1, 8 and 64 concurrent clients (chat), and at 64 for the other doors.
+4. lcm-proxy's figures divided by each comparator's, next to the targets of the performance issue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import os
 import socket
 import subprocess
@@ -42,29 +37,21 @@ import httpx
 import orjson
 import yaml
 
-from bench import litellm_proxy
+from bench import litellm_proxy, overhead_tables
 from bench.ingest import transcript
 from bench.overhead_doors import (
     AIOHTTP,
     BASELINE,
-    COMPARATORS,
-    DOOR_ROWS,
+    CHAT_DOOR,
     DOORS,
     JSON_HEADERS,
     LCM,
     LITELLM_PROXY,
     LITELLM_SDK,
-    SHORT_MESSAGES,
+    REQUESTS,
     Door,
-    DoorResult,
-    added_p50,
-    door_ratio_rows,
-    latency_rows,
     lcm_deployments,
     litellm_deployments,
-    p,
-    print_door_table,
-    ratio,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,11 +59,6 @@ REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 8, 64)
 LONG_MESSAGES = 300  # system prompt + 299 turns, ending with a user turn
 LONG_WINDOW = 8000  # lcm-proxy's max_input_tokens for the long conversation: well under its ~12k tokens
-
-SHORT = {"model": "m", "messages": SHORT_MESSAGES}
-# Bodies are encoded once: the client's own JSON encoding would otherwise be part of every figure.
-SHORT_BODY = orjson.dumps(SHORT)
-STREAM_BODY = orjson.dumps({**SHORT, "stream": True})
 LONG_BODY = orjson.dumps({"model": "long", "messages": transcript(LONG_MESSAGES - 1)})
 
 
@@ -95,7 +77,7 @@ class Counts:
 
     @classmethod
     def pick(cls, quick: bool) -> Counts:
-        return cls(requests=40, warmup=8) if quick else cls(requests=500, warmup=30)
+        return cls(requests=40, warmup=8) if quick else cls(requests=400, warmup=30)
 
 
 @dataclass(frozen=True)
@@ -110,16 +92,18 @@ class Server:
 
 
 @dataclass
-class Result:
-    """One server's timings in seconds (``first`` is the time to the first SSE data line)."""
+class Cell:
+    """One cell's measurements: seconds to the end (and to the first SSE data line), the server's CPU ms per
+    request, requests per second."""
 
-    name: str
-    short: list[float] = field(default_factory=list)
-    stream_first: list[float] = field(default_factory=list)
-    stream_total: list[float] = field(default_factory=list)
-    long: list[float] = field(default_factory=list)
-    load: dict[int, list[float]] = field(default_factory=dict)  # clients -> latencies
-    rps: dict[int, float] = field(default_factory=dict)  # clients -> requests per second
+    total: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)
+    cpu_ms: float = 0.0
+    rps: float = 0.0
+
+
+# (server, door path, kind of deployment, request kind or "load<clients>" or "long") -> Cell
+Results = dict[tuple[str, str, str, str], Cell]
 
 
 # --- processes ---------------------------------------------------------------------------------------------
@@ -170,6 +154,15 @@ def wait_ready(child: subprocess.Popen[bytes], url: str, timeout: float, log: Pa
     raise BenchError(f"not ready after {timeout:.0f} s ({url}):\n{tail(log)}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the process (all its threads) so far, from /proc (Linux); 0 elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak resident memory so far (VmHWM), from /proc (Linux); 0 when unavailable."""
     try:
@@ -188,21 +181,16 @@ def our_server(name: str, args: list[str], port: int, ready_path: str = "/health
 
 def lcm_proxy_server(upstream: str, tmp: Path) -> Server:
     port = free_port()
-
-    def model(name: str, **info: int) -> dict[str, Any]:
-        params = {"model": f"openai/{name}", "api_base": f"{upstream}/v1", "api_key": "k-12345678"}
-        return {"model_name": name, "litellm_params": params, "model_info": info}
-
-    config = tmp / "lcm-proxy.yaml"
+    long = {
+        "model_name": "long",
+        "litellm_params": {"model": "openai/long", "api_base": f"{upstream}/v1", "api_key": "k-12345678"},
+        "model_info": {"max_input_tokens": LONG_WINDOW},  # small, so lcm-proxy compacts it (during warm-up)
+    }
     settings = {
-        # The long conversation's model has a small window, so lcm-proxy compacts it (once, during warm-up).
-        "model_list": [
-            model("m"),
-            model("long", max_input_tokens=LONG_WINDOW),
-            *lcm_deployments(upstream),
-        ],
+        "model_list": [*lcm_deployments(upstream), long],
         "general_settings": {"port": port, "data_dir": str(tmp / "lcm-data"), "log_level": "warning"},
     }
+    config = tmp / "lcm-proxy.yaml"
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     return our_server(LCM, ["-m", "proxy", "serve", "--config", str(config)], port)
 
@@ -215,7 +203,7 @@ def comparators(upstream: str, tmp: Path, litellm_exe: Path | None) -> list[Serv
     if litellm_exe is not None:
         port = free_port()
         config = tmp / "litellm-proxy.yaml"
-        litellm_proxy.write_config(config, upstream, ["m", "long"], litellm_deployments(upstream))
+        litellm_proxy.write_config(config, upstream, ["long"], litellm_deployments(upstream))
         servers.append(
             Server(
                 LITELLM_PROXY,
@@ -233,16 +221,12 @@ def comparators(upstream: str, tmp: Path, litellm_exe: Path | None) -> list[Serv
 # --- requests ----------------------------------------------------------------------------------------------
 
 
-async def send(
-    session: aiohttp.ClientSession, body: bytes, stream: bool, door: Door | None = None
-) -> tuple[float, float]:
-    """One chat request, or one to ``door``: (seconds to the first SSE data line, or to the whole body; seconds
-    to the end)."""
+async def send(session: aiohttp.ClientSession, door: Door, body: bytes, stream: bool) -> tuple[float, float]:
+    """One request: (seconds to the first SSE data line, or to the whole body; seconds to the end)."""
     start = time.perf_counter()
-    path, headers = (door.path, door.headers) if door else ("/v1/chat/completions", JSON_HEADERS)
-    async with session.post(path, data=body, headers=headers) as response:
+    async with session.post(door.path, data=body, headers=door.headers) as response:
         if response.status != 200:
-            raise BenchError(f"HTTP {response.status}: {(await response.read())[:300]!r}")
+            raise BenchError(f"{door.path}: HTTP {response.status}: {(await response.read())[:300]!r}")
         if not stream:
             await response.read()
             total = time.perf_counter() - start
@@ -255,24 +239,19 @@ async def send(
                 if first is None:
                     first = time.perf_counter() - start
                 last = line.strip()
-                ended = ended or (door is not None and door.end in last)
-        if first is None:
-            raise BenchError(f"the {path} stream ended without data lines")
-        if door and not ended:
+                ended = ended or door.end in last
+        if first is None or not ended:
             raise BenchError(f"the {door.path} stream ended without {door.end!r}: {last[:200]!r}")
-        if not door and last != b"data: [DONE]":
-            raise BenchError("the stream ended without [DONE]")
         return first, time.perf_counter() - start
 
 
-async def drive(
-    url: str, body: bytes, stream: bool, clients: int, counts: Counts, door: Door | None = None
-) -> tuple[list[tuple[float, float]], float]:
+async def drive(url: str, pid: int, door: Door, bodies: Any, stream: bool, clients: int, counts: Counts) -> Cell:
     """``counts.requests`` requests from ``clients`` concurrent clients (each with its own kept-alive connection)
-    after a warm-up through the same clients; returns the timings and requests per second."""
+    after a warm-up through the same clients. ``bodies(i)`` is request i's body (warm-up first: the same ``i``
+    for the same counts, so a continuation row continues the first-turn row's conversations)."""
     connector = aiohttp.TCPConnector(limit=clients)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(url, connector=connector, timeout=timeout) as session:
+    numbers = itertools.count()
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
 
         async def run(total: int) -> list[tuple[float, float]]:
             remaining = total
@@ -282,15 +261,43 @@ async def drive(
                 nonlocal remaining
                 while remaining > 0:
                     remaining -= 1
-                    timings.append(await send(session, body, stream, door))
+                    timings.append(await send(session, door, bodies(next(numbers)), stream))
 
             await asyncio.gather(*(client() for _ in range(clients)))
             return timings
 
         await run(max(counts.warmup, clients))  # also opens every client's kept-alive connection
-        started = time.perf_counter()
+        cpu, started = cpu_seconds(pid), time.perf_counter()
         timings = await run(counts.requests)
-        return timings, counts.requests / (time.perf_counter() - started)
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
+    return Cell(
+        total=[t for _, t in timings],
+        first=[f for f, _ in timings],
+        cpu_ms=cpu * 1000 / counts.requests,
+        rps=counts.requests / elapsed,
+    )
+
+
+async def measure(server: str, url: str, pid: int, counts: Counts, results: Results) -> None:
+    """Every cell of ``server``: each door it has, each kind of deployment, each request, then the loads."""
+    for door in DOORS:
+        if server not in (BASELINE, LCM, *door.servers):
+            continue
+        # The fake speaks each door natively, and the aiohttp forwarder only passes a door's path through.
+        kinds = door.kinds[:1] if server in (BASELINE, AIOHTTP) else door.kinds
+        for kind, model in kinds:
+            tag = f"{door.path}:{model}"
+            for _, request, stream in REQUESTS:
+                turns = "first" if request == "continue" else request  # the first-turn row's conversations
+                bodies = functools.partial(door.body, model, request, f"{tag}:{turns}")
+                results[server, door.path, kind, request] = await drive(url, pid, door, bodies, stream, 1, counts)
+            for clients in CLIENTS if door is CHAT_DOOR else CLIENTS[-1:]:
+                bodies = functools.partial(door.body, model, "first", f"{tag}:load{clients}")
+                cell = await drive(url, pid, door, bodies, False, clients, counts.at(clients))
+                results[server, door.path, kind, f"load{clients}"] = cell
+    if server in (BASELINE, LCM, AIOHTTP, LITELLM_SDK, LITELLM_PROXY):
+        cell = await drive(url, pid, CHAT_DOOR, lambda i: LONG_BODY, False, 1, counts)
+        results[server, CHAT_DOOR.path, CHAT_DOOR.kinds[0][0], "long"] = cell
 
 
 async def lcm_long_state(url: str) -> str:
@@ -309,167 +316,44 @@ async def lcm_long_state(url: str) -> str:
     return note
 
 
-async def measure(name: str, url: str, counts: Counts) -> Result:
-    result = Result(name)
-    timings, result.rps[1] = await drive(url, SHORT_BODY, False, 1, counts)
-    result.short = result.load[1] = [total for _, total in timings]
-    timings, _ = await drive(url, STREAM_BODY, True, 1, counts)
-    result.stream_first = [first for first, _ in timings]
-    result.stream_total = [total for _, total in timings]
-    timings, _ = await drive(url, LONG_BODY, False, 1, counts)
-    result.long = [total for _, total in timings]
-    for clients in CLIENTS[1:]:
-        timings, result.rps[clients] = await drive(url, SHORT_BODY, False, clients, counts.at(clients))
-        result.load[clients] = [total for _, total in timings]
-    return result
-
-
-async def measure_door(door: Door, name: str, url: str, model: str, counts: Counts) -> DoorResult:
-    result = DoorResult(name)
-    timings, _ = await drive(url, door.body(model, False), False, 1, counts, door)
-    result.short = [total for _, total in timings]
-    timings, _ = await drive(url, door.body(model, True), True, 1, counts, door)
-    result.stream_first = [first for first, _ in timings]
-    result.stream_total = [total for _, total in timings]
-    return result
-
-
-# --- tables ------------------------------------------------------------------------------------------------
-
-
-LATENCY_ROWS = (
-    *DOOR_ROWS,
-    (f"long ({LONG_MESSAGES} messages)¹", "long"),
-)
-
-
-# (comparator, bound, "le" or "ge") per row of the ratio table: the performance issue's targets.
-LATENCY_TARGETS = [(LITELLM_SDK, 1.25, "le"), (LITELLM_PROXY, 0.5, "le")]
-THROUGHPUT_TARGETS = [(LITELLM_PROXY, 2.0, "ge")]
-
-
-def verdicts(ours: float, by_name: dict[str, float], targets: list[tuple[str, float, str]]) -> tuple[str, str]:
-    wanted, met = [], []
-    for name, bound, sense in targets:
-        wanted.append(f"{'≤' if sense == 'le' else '≥'} {bound:g}x {name}")
-        theirs = by_name.get(name, 0.0)
-        if theirs <= 0 or ours <= 0:
-            met.append("n/a")
-        else:
-            value = ours / theirs
-            met.append("yes" if (value <= bound if sense == "le" else value >= bound) else "no")
-    return ", ".join(wanted), ", ".join(met)
-
-
-def ratio_rows(results: dict[str, Result]) -> list[str]:
-    baseline, ours = results[BASELINE], results[LCM]
-    rows = []
-    for label, attr in (
-        ("added p50: short non-streaming", "short"),
-        ("added p50: streaming first byte", "stream_first"),
-        ("added p50: long¹", "long"),
-    ):
-        theirs = {name: added_p50(r, baseline, attr) for name, r in results.items() if name in COMPARATORS}
-        mine = added_p50(ours, baseline, attr)
-        wanted, met = verdicts(mine, theirs, LATENCY_TARGETS)
-        cells = " | ".join(ratio(mine, theirs[n]) if n in theirs else "skipped" for n in COMPARATORS)
-        rows.append(f"| {label} | {cells} | {wanted} | {met} |")
-    theirs = {name: r.rps[64] for name, r in results.items() if name in COMPARATORS}
-    wanted, met = verdicts(ours.rps[64], theirs, THROUGHPUT_TARGETS)
-    cells = " | ".join(ratio(ours.rps[64], theirs[n]) if n in theirs else "skipped" for n in COMPARATORS)
-    rows.append(f"| req/s at 64 clients | {cells} | {wanted} | {met} |")
-    return rows
-
-
-def print_tables(
-    results: dict[str, Result], doors: dict[str, dict[str, DoorResult]], counts: Counts, notes: list[str]
-) -> None:
-    """The chat tables, each door's latency table (``doors``: by the door's path) and the ratio table."""
-    baseline = results[BASELINE]
-    print(
-        f"\n## overhead: latency, one client at a time ({counts.requests} requests per cell,"
-        " every server in its own process)\n"
-    )
-    print("| in front of the fake upstream | request | p50 ms | p99 ms | added p50 ms | added p99 ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for result in results.values():
-        print("\n".join(latency_rows(result, baseline, LATENCY_ROWS)))
-    for door in DOORS:
-        print_door_table(door, doors[door.path], counts.requests)
-    at64 = counts.at(64).requests
-    print(
-        f"\n## overhead: throughput, short non-streaming request ({counts.requests} requests per cell,"
-        f" {at64} at 64 clients)\n"
-    )
-    print("| in front of the fake upstream | clients | p50 ms | p99 ms | req/s |")
-    print("|---|---:|---:|---:|---:|")
-    for result in results.values():
-        for clients in CLIENTS:
-            values = result.load[clients]
-            print(
-                f"| {result.name} | {clients} | {p(values, 0.5):.2f} | {p(values, 0.99):.2f} | {result.rps[clients]:.0f} |"
-            )
-    print("\n## overhead: lcm-proxy ÷ comparator (added p50: lower is better; req/s: higher is better)\n")
-    print(f"| figure | ÷ {' | ÷ '.join(COMPARATORS)} | targets | met |")
-    print("|---|---:|---:|---:|---|---|")
-    print("\n".join(ratio_rows(results)))
-    for door in DOORS:
-        print("\n".join(door_ratio_rows(door, doors[door.path])))
-    print()
-    for note in notes:
-        print(note)
-
-
 def main(quick: bool = False) -> None:
     counts = Counts.pick(quick)
     litellm_exe, skipped = litellm_proxy.executable(create=not quick)
     notes = [
-        "added = the server's p50 (p99) minus the baseline's: the fake upstream called directly by the same client.",
+        "added = the server's p50 (p99) minus the baseline's: the fake upstream called directly by the same client,"
+        " on the door's own route (a translated row's added time includes the fake's chat answer instead).",
+        "CPU = the server process's user + system CPU time (all threads) per request over the cell.",
         f"¹ long: the same {LONG_MESSAGES}-message transcript is sent to every server. The comparators forward all"
         f" of it; lcm-proxy ({LONG_WINDOW}-token window, compacted during warm-up) forwards far less, so this row"
-        " also credits lcm-proxy with what forwarding less saves downstream (LiteLLM's per-message work, the"
-        " upstream's parsing), not only its own cost.",
-        "/v1/messages: the baseline is the fake's /v1/messages called directly, for every row: an openai/"
-        " (translated) row's added time includes the fake's chat answer instead of its Messages answer. The same"
-        " for /v1/responses: its baseline is the fake's /v1/responses.",
+        " also credits lcm-proxy with what forwarding less saves downstream.",
     ]
     notes += [skipped] if litellm_exe is None else []
     startups: list[str] = []
-    peaks: list[str] = []  # of the process the bench started (children, if a server forks any, not counted)
+    peaks: list[str] = []
     load_before = os.getloadavg()[0]
+    results: Results = {}
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
         upstream_port = free_port()
         args = ["-m", "bench.servers", "fake", str(upstream_port)]
         fake = our_server("fake upstream", args, upstream_port, ready_path="/v1/models")  # it has no /healthz
-        with process(fake, tmp / "fake.log") as (upstream, _, _):
-            results = {BASELINE: asyncio.run(measure(BASELINE, upstream, counts))}
-            doors: dict[str, dict[str, DoorResult]] = {door.path: {} for door in DOORS}
-            for door in DOORS:
-                for row, model in door.rows[BASELINE]:
-                    doors[door.path][row] = asyncio.run(measure_door(door, row, upstream, model, counts))
+        with process(fake, tmp / "fake.log") as (upstream, _, fake_pid):
+            asyncio.run(measure(BASELINE, upstream, fake_pid, counts, results))
             for server in [*comparators(upstream, tmp, litellm_exe), lcm_proxy_server(upstream, tmp)]:
                 try:
                     with process(server, tmp / f"{server.port}.log") as (url, startup, pid):
                         startups.append(f"{server.name} {startup:.1f}")
-                        results[server.name] = asyncio.run(measure(server.name, url, counts))
-                        for door in DOORS:
-                            for row, model in door.rows.get(server.name, []):
-                                try:
-                                    doors[door.path][row] = asyncio.run(measure_door(door, row, url, model, counts))
-                                except (BenchError, aiohttp.ClientError, TimeoutError) as error:
-                                    if server.name == LCM:
-                                        raise
-                                    notes.append(f"{row} on {door.path} skipped: {error}")
+                        asyncio.run(measure(server.name, url, pid, counts, results))
                         peaks.append(f"{server.name} {peak_rss_mib(pid):.0f}")
                         if server.name == LCM:
-                            notes.insert(2, asyncio.run(lcm_long_state(url)) + ".")  # right under footnote ¹
+                            notes.append(asyncio.run(lcm_long_state(url)) + ".")
                 except (BenchError, aiohttp.ClientError, TimeoutError) as error:
                     if server.name == LCM:
                         raise
                     # A comparator that cannot run costs its columns, not the whole benchmark.
+                    results = {k: v for k, v in results.items() if k[0] != server.name}
                     notes.append(f"{server.name} skipped: {error}")
     notes.append(f"seconds from start to ready: {', '.join(startups)}")
     notes.append(f"peak RSS of the server process after its run, MiB: {', '.join(peaks)}")
     notes.append(f"load average (1 min) before / after the run: {load_before:.2f} / {os.getloadavg()[0]:.2f}")
-    print_tables(results, doors, counts, notes)
+    overhead_tables.print_all(results, counts.requests, counts.at(64).requests, notes)

@@ -1,17 +1,25 @@
-"""The overhead benchmark's doors besides Chat Completions: Anthropic's ``/v1/messages`` and OpenAI's
-``/v1/responses`` (``bench/overhead.py`` measures them; this module says what is sent where and prints them).
+"""What the overhead benchmark sends where (``bench/overhead.py`` measures it): the three doors, their
+deployments, and the requests users send.
 
-Each door is measured with a short request, non-streaming and streaming, one client at a time, through lcm-proxy
-and LiteLLM proxy to two kinds of deployment: one that speaks the door's own API (the fake's ``/v1/messages`` or
-``/v1/responses``) and an ``openai/`` chat deployment the proxy translates to the fake's ``/v1/chat/completions``.
-The baseline is the fake's own route for the door, called directly. The bare forwarders have no such routes.
+Each door (``/v1/chat/completions``, Anthropic's ``/v1/messages``, OpenAI's ``/v1/responses``) is measured per kind
+of deployment: one that speaks the door's own API (for chat, every deployment) and, for the Messages and Responses
+doors, an ``openai/`` chat deployment the proxy translates to the fake's ``/v1/chat/completions``. The requests
+(``REQUESTS``), one client at a time:
+
+- **first turn**: a new conversation, a different one each request (what starts every session);
+- **continuation**: that conversation's second request: the first turn, the fake's answer to it, a new question
+  (what every later turn of a session is);
+- **re-send**: the same one-message request again and again (a client retrying, or a cache's best case);
+- **streaming first turn**: a new conversation, streamed: time to the first SSE data line and to the end.
+
+The baseline is the fake's own route for the door, called directly. The bare aiohttp forwarder passes every door's
+path through; the bare ``litellm.acompletion`` forwarder has chat only.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -24,78 +32,101 @@ LCM = "lcm-proxy"
 COMPARATORS = (AIOHTTP, LITELLM_SDK, LITELLM_PROXY)
 
 KEY = "k-12345678"
-SHORT_MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
 JSON_HEADERS = {"content-type": "application/json"}
+QUESTION = "Hello there, how are you today?"
+FOLLOW_UP = "And what should I pack for a weekend of hiking?"
 
 # One model name per kind of deployment, in lcm-proxy's config and LiteLLM proxy's; the fake ignores the name.
+CHAT = "m"  # openai/ with api_base the fake's /v1
 NATIVE = "claude-native"  # anthropic/ with api_base the fake: the fake's /v1/messages
 TRANSLATED = "claude-translated"  # openai/ with api_base the fake: its /v1/chat/completions
 RESPONSES_NATIVE = "gpt-native"  # openai/responses/ with api_base the fake's /v1: the fake's /v1/responses
 RESPONSES_TRANSLATED = "gpt-translated"  # openai/: its /v1/chat/completions
 
+# (label, request kind, streamed): the rows of each door's latency table.
+REQUESTS = (
+    ("first turn", "first", False),
+    ("continuation (+1 exchange)", "continue", False),
+    ("re-send (identical)", "resend", False),
+    ("streaming first turn: first byte", "stream", True),
+)
+STREAM_TOTAL = "streaming first turn: total"
+
+
+def turn(tag: str, index: int) -> str:
+    """The first user message of conversation ``index`` of a row: unique, so each is a new conversation."""
+    return f"[{tag} #{index}] {QUESTION}"
+
+
+def messages_of(kind: str, tag: str, index: int) -> list[tuple[str, str]]:
+    """(role, text) of a request: ``continue`` re-sends the first turn with the fake's answer (its echo)."""
+    if kind == "resend":
+        return [("user", QUESTION)]
+    first = turn(tag, index)
+    if kind == "continue":
+        return [("user", first), ("assistant", f"echo: {first}"), ("user", FOLLOW_UP)]
+    return [("user", first)]
+
+
+def chat_body(model: str, said: list[tuple[str, str]], stream: bool) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": r, "content": t} for r, t in said], "stream": stream}
+
+
+def messages_body(model: str, said: list[tuple[str, str]], stream: bool) -> dict[str, Any]:
+    messages = [{"role": r, "content": t if r == "user" else [{"type": "text", "text": t}]} for r, t in said]
+    return {"model": model, "max_tokens": 64, "messages": messages, "stream": stream}
+
+
+def responses_body(model: str, said: list[tuple[str, str]], stream: bool) -> dict[str, Any]:
+    def item(role: str, text: str) -> dict[str, Any]:
+        part = "output_text" if role == "assistant" else "input_text"
+        return {"type": "message", "role": role, "content": [{"type": part, "text": text}]}
+
+    return {"model": model, "max_output_tokens": 64, "input": [item(r, t) for r, t in said], "stream": stream}
+
 
 @dataclass(frozen=True)
 class Door:
-    title: str  # of its latency table
+    name: str  # of its tables
     path: str
     headers: dict[str, str]
     end: bytes  # what one of a stream's data lines holds when the stream is whole
-    body: Callable[[str, bool], bytes]  # (model, stream) -> the request body
-    rows: dict[str, list[tuple[str, str]]]  # server -> [(row name, model)]: native first, then translated
-    kinds: tuple[str, str]  # the two kinds of deployment, as the ratio rows name them
+    shape: Callable[[str, list[tuple[str, str]], bool], dict[str, Any]]
+    kinds: tuple[tuple[str, str], ...]  # (kind of deployment, model name)
+    servers: tuple[str, ...]  # which comparators have this door
+
+    def body(self, model: str, kind: str, tag: str, index: int) -> bytes:
+        return orjson.dumps(self.shape(model, messages_of(kind, tag, index), kind == "stream"))
 
 
-def messages_body(model: str, stream: bool) -> bytes:
-    body: dict[str, Any] = {"model": model, "max_tokens": 64, "messages": SHORT_MESSAGES}
-    return orjson.dumps({**body, "stream": True} if stream else body)
-
-
-def responses_body(model: str, stream: bool) -> bytes:
-    body: dict[str, Any] = {"model": model, "max_output_tokens": 64, "input": SHORT_MESSAGES}
-    return orjson.dumps({**body, "stream": True} if stream else body)
-
-
+CHAT_DOOR = Door(
+    name="/v1/chat/completions",
+    path="/v1/chat/completions",
+    headers=JSON_HEADERS,
+    end=b"[DONE]",
+    shape=chat_body,
+    kinds=(("openai/", CHAT),),
+    servers=(AIOHTTP, LITELLM_SDK, LITELLM_PROXY),
+)
 MESSAGES = Door(
-    title="Anthropic /v1/messages",
+    name="Anthropic /v1/messages",
     path="/v1/messages",
     headers={**JSON_HEADERS, "x-api-key": KEY, "anthropic-version": "2023-06-01"},
     end=b'"message_stop"',
-    body=messages_body,
-    rows={
-        BASELINE: [(BASELINE, NATIVE)],
-        LITELLM_PROXY: [
-            (f"{LITELLM_PROXY}, anthropic/ deployment", NATIVE),
-            (f"{LITELLM_PROXY}, openai/ deployment (translated)", TRANSLATED),
-        ],
-        LCM: [
-            (f"{LCM}, anthropic/ deployment (native)", NATIVE),
-            (f"{LCM}, openai/ deployment (translated)", TRANSLATED),
-        ],
-    },
-    kinds=("anthropic/", "openai/"),
+    shape=messages_body,
+    kinds=(("anthropic/ (native)", NATIVE), ("openai/ (translated)", TRANSLATED)),
+    servers=(AIOHTTP, LITELLM_PROXY),
 )
-
 RESPONSES = Door(
-    title="OpenAI /v1/responses",
+    name="OpenAI /v1/responses",
     path="/v1/responses",
     headers={**JSON_HEADERS, "authorization": f"Bearer {KEY}"},
     end=b'"response.completed"',
-    body=responses_body,
-    rows={
-        BASELINE: [(BASELINE, RESPONSES_NATIVE)],
-        LITELLM_PROXY: [
-            (f"{LITELLM_PROXY}, openai/responses/ deployment", RESPONSES_NATIVE),
-            (f"{LITELLM_PROXY}, openai/ deployment (translated)", RESPONSES_TRANSLATED),
-        ],
-        LCM: [
-            (f"{LCM}, openai/responses/ deployment (native)", RESPONSES_NATIVE),
-            (f"{LCM}, openai/ deployment (translated)", RESPONSES_TRANSLATED),
-        ],
-    },
-    kinds=("openai/responses/", "openai/"),
+    shape=responses_body,
+    kinds=(("openai/responses/ (native)", RESPONSES_NATIVE), ("openai/ (translated)", RESPONSES_TRANSLATED)),
+    servers=(AIOHTTP, LITELLM_PROXY),
 )
-
-DOORS = (MESSAGES, RESPONSES)
+DOORS = (CHAT_DOOR, MESSAGES, RESPONSES)
 
 
 def deployment(name: str, model: str, api_base: str, **params: Any) -> dict[str, Any]:
@@ -106,6 +137,7 @@ def lcm_deployments(upstream: str) -> list[dict[str, Any]]:
     """The doors' deployments in lcm-proxy's config. The Messages door's native path posts to
     ``{api_base}/v1/messages``, the Responses door's to ``{api_base}/responses``."""
     return [
+        deployment(CHAT, f"openai/{CHAT}", f"{upstream}/v1"),
         deployment(NATIVE, f"anthropic/{NATIVE}", upstream),
         deployment(TRANSLATED, f"openai/{TRANSLATED}", f"{upstream}/v1"),
         deployment(RESPONSES_NATIVE, f"openai/responses/{RESPONSES_NATIVE}", f"{upstream}/v1"),
@@ -118,6 +150,7 @@ def litellm_deployments(upstream: str) -> list[dict[str, Any]]:
     one LiteLLM calls through OpenAI's Responses API natively, so the translated Responses deployment asks for its
     chat-completions bridge (``use_chat_completions_api``), the translation lcm-proxy's door makes."""
     return [
+        deployment(CHAT, f"openai/{CHAT}", f"{upstream}/v1", max_retries=0),
         deployment(NATIVE, f"anthropic/{NATIVE}", upstream, max_retries=0),
         deployment(TRANSLATED, f"openai/{TRANSLATED}", f"{upstream}/v1", max_retries=0),
         deployment(RESPONSES_NATIVE, f"openai/responses/{RESPONSES_NATIVE}", f"{upstream}/v1", max_retries=0),
@@ -129,77 +162,3 @@ def litellm_deployments(upstream: str) -> list[dict[str, Any]]:
             use_chat_completions_api=True,
         ),
     ]
-
-
-@dataclass
-class DoorResult:
-    """One row group of a door's table, in seconds (``stream_first``: to the first SSE data line)."""
-
-    name: str
-    short: list[float] = field(default_factory=list)
-    stream_first: list[float] = field(default_factory=list)
-    stream_total: list[float] = field(default_factory=list)
-
-
-# --- tables ------------------------------------------------------------------------------------------------
-
-
-def p(values: list[float], q: float) -> float:
-    """The q-quantile in milliseconds (nearest rank)."""
-    return sorted(values)[min(len(values) - 1, int(len(values) * q))] * 1000
-
-
-DOOR_ROWS = (("short", "short"), ("streaming: first byte", "stream_first"), ("streaming: total", "stream_total"))
-
-
-def latency_rows(result: Any, baseline: Any, labels: tuple[tuple[str, str], ...]) -> list[str]:
-    rows = []
-    for label, attr in labels:
-        values, base = getattr(result, attr), getattr(baseline, attr)
-        p50, p99 = p(values, 0.5), p(values, 0.99)
-        cells = [result.name, label, f"{p50:.2f}", f"{p99:.2f}"]
-        if result is baseline:
-            cells += ["", ""]
-        else:
-            cells += [f"{p50 - p(base, 0.5):.2f}", f"{p99 - p(base, 0.99):.2f}"]
-        rows.append(f"| {' | '.join(cells)} |")
-    return rows
-
-
-def added_p50(result: Any, baseline: Any, attr: str) -> float:
-    return float(statistics.median(getattr(result, attr)) - statistics.median(getattr(baseline, attr))) * 1000
-
-
-def ratio(ours: float, theirs: float) -> str:
-    return f"{ours / theirs:.2f}x" if theirs > 0 and ours > 0 else "n/a"
-
-
-def print_door_table(door: Door, results: dict[str, DoorResult], requests: int) -> None:
-    if BASELINE not in results:
-        return
-    print(
-        f"\n## overhead: {door.title} latency, one client at a time ({requests} requests per cell,"
-        " every server in its own process)\n"
-    )
-    print("| in front of the fake upstream | request | p50 ms | p99 ms | added p50 ms | added p99 ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for result in results.values():
-        print("\n".join(latency_rows(result, results[BASELINE], DOOR_ROWS)))
-
-
-def door_ratio_rows(door: Door, results: dict[str, DoorResult]) -> list[str]:
-    """lcm-proxy's added p50 on the door ÷ LiteLLM proxy's, per kind of deployment (no target set)."""
-    baseline = results.get(BASELINE)
-    rows = []
-    for index, kind in enumerate(door.kinds):
-        ours, theirs = door.rows[LCM][index][0], door.rows[LITELLM_PROXY][index][0]
-        for label, attr in (("short non-streaming", "short"), ("streaming first byte", "stream_first")):
-            cells = ["—"] * len(COMPARATORS)
-            if baseline is not None and ours in results:
-                at = COMPARATORS.index(LITELLM_PROXY)
-                cells[at] = "skipped"
-                if theirs in results:
-                    mine, other = (added_p50(results[n], baseline, attr) for n in (ours, theirs))
-                    cells[at] = ratio(mine, other)
-            rows.append(f"| added p50: {door.path} {label}, {kind} deployment | {' | '.join(cells)} | none set | — |")
-    return rows

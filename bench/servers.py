@@ -164,9 +164,10 @@ def aiohttp_forwarder(upstream: str) -> Starlette:
             yield
 
     async def chat(request: Request) -> Response:
-        # A pure pass-through: the body is never parsed; the upstream's content type says whether to stream.
+        # A pure pass-through of any door's path: the body is never parsed; the upstream's content type says
+        # whether to stream.
         upstream_response = await sessions[0].post(
-            f"{upstream}/v1/chat/completions", data=await request.body(), headers={"content-type": "application/json"}
+            f"{upstream}{request.url.path}", data=await request.body(), headers={"content-type": "application/json"}
         )
         if upstream_response.content_type != SSE:
             async with upstream_response:
@@ -181,7 +182,13 @@ def aiohttp_forwarder(upstream: str) -> Starlette:
         return StreamingResponse(relay(), status_code=upstream_response.status, media_type=SSE)
 
     return Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", healthz)],
+        routes=[
+            *(
+                Route(path, chat, methods=["POST"])
+                for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+            ),
+            Route("/healthz", healthz),
+        ],
         lifespan=lifespan,
     )
 

@@ -37,41 +37,37 @@ def test_ledger_benchmark_prints_its_tables() -> None:
 
 def test_overhead_benchmark_prints_its_tables() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "overhead", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600
+        [sys.executable, "-m", "bench", "overhead", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=900
     )
     assert out.returncode == 0, out.stderr
-    first_cells = {line.split("|")[1].strip() for line in out.stdout.splitlines() if line.startswith("| ")}
-    assert {
-        "upstream directly (baseline)",
-        "bare aiohttp forwarder",
-        "bare litellm.acompletion forwarder",
-        "lcm-proxy",
-    } <= first_cells
-    assert {
-        "added p50: short non-streaming",
-        "added p50: streaming first byte",
-        "added p50: long¹",
-        "req/s at 64 clients",
-    } <= first_cells
-    # Anthropic's /v1/messages through lcm-proxy's Messages door, to both kinds of deployment.
-    assert "## overhead: Anthropic /v1/messages latency" in out.stdout
-    assert {
-        "lcm-proxy, anthropic/ deployment (native)",
-        "lcm-proxy, openai/ deployment (translated)",
-        "added p50: /v1/messages short non-streaming, anthropic/ deployment",
-    } <= first_cells
-    # OpenAI's /v1/responses through lcm-proxy's Responses door, to a native and a translated deployment.
-    assert "## overhead: OpenAI /v1/responses latency" in out.stdout
-    assert {
-        "lcm-proxy, openai/responses/ deployment (native)",
-        "added p50: /v1/responses short non-streaming, openai/responses/ deployment",
-        "added p50: /v1/responses streaming first byte, openai/ deployment",
-    } <= first_cells
-    responses = out.stdout.partition("## overhead: OpenAI /v1/responses latency")[2].partition("\n## ")[0]
-    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]) for line in responses.splitlines() if "| " in line}
-    assert {("lcm-proxy, openai/ deployment (translated)", "streaming: total")} <= rows
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]] for line in out.stdout.splitlines() if line.startswith("| ")
+    ]
+    servers = {row[0] for row in rows}
+    assert {"upstream directly (baseline)", "bare aiohttp forwarder", "bare litellm.acompletion forwarder"} <= servers
+    # Every door, every kind of deployment, every request users send, through lcm-proxy, with its CPU per request.
+    for door in ("/v1/chat/completions", "Anthropic /v1/messages", "OpenAI /v1/responses"):
+        assert f"## overhead: {door}, one client at a time" in out.stdout
+    latency = {(row[0], row[1], row[2]) for row in rows if len(row) == 8 and row[0] == "lcm-proxy"}
+    for kind in ("openai/", "anthropic/ (native)", "openai/ (translated)", "openai/responses/ (native)"):
+        for request in (
+            "first turn",
+            "continuation (+1 exchange)",
+            "re-send (identical)",
+            "streaming first turn: first byte",
+        ):
+            assert ("lcm-proxy", kind, request) in latency, (kind, request)
+    assert all(float(row[7]) > 0 for row in rows if len(row) == 8 and row[0] == "lcm-proxy")  # CPU ms per request
+    # The ratio table against the targets, for each door.
+    figures = {(row[0], row[2]) for row in rows if len(row) == 8 and row[0].startswith("/v1/")}
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
+        assert {
+            (path, "added p50, first turn"),
+            (path, "added p50, continuation"),
+            (path, "req/s at 64 clients"),
+        } <= figures
     # LiteLLM's own proxy runs only when its virtualenv already exists (--quick never creates it).
-    assert "LiteLLM proxy" in first_cells or "LiteLLM proxy skipped" in out.stdout
+    assert "LiteLLM proxy" in servers or "LiteLLM proxy skipped" in out.stdout
 
 
 def test_delete_benchmark_prints_a_table_for_both_stores() -> None:
