@@ -278,8 +278,18 @@ async def drive(url: str, pid: int, door: Door, bodies: Any, stream: bool, clien
     )
 
 
-async def measure(server: str, url: str, pid: int, counts: Counts, results: Results) -> None:
-    """Every cell of ``server``: each door it has, each kind of deployment, each request, then the loads."""
+async def measure(server: str, url: str, pid: int, counts: Counts, results: Results, notes: list[str]) -> None:
+    """Every cell of ``server``: each door it has, each kind of deployment, each request, then the loads. A
+    comparator's cell that fails costs that cell (and a note), not the server's other cells."""
+
+    async def cell(key: tuple[str, str, str, str], door: Door, bodies: Any, stream: bool, clients: int) -> None:
+        try:
+            results[key] = await drive(url, pid, door, bodies, stream, clients, counts.at(clients))
+        except (BenchError, aiohttp.ClientError, TimeoutError) as error:
+            if server == LCM:
+                raise
+            notes.append(f"{server}, {door.path} {key[2]} {key[3]}: skipped ({str(error)[:160]})")
+
     for door in DOORS:
         if server not in (BASELINE, LCM, *door.servers):
             continue
@@ -290,14 +300,11 @@ async def measure(server: str, url: str, pid: int, counts: Counts, results: Resu
             for _, request, stream in REQUESTS:
                 turns = "first" if request == "continue" else request  # the first-turn row's conversations
                 bodies = functools.partial(door.body, model, request, f"{tag}:{turns}")
-                results[server, door.path, kind, request] = await drive(url, pid, door, bodies, stream, 1, counts)
+                await cell((server, door.path, kind, request), door, bodies, stream, 1)
             for clients in CLIENTS if door is CHAT_DOOR else CLIENTS[-1:]:
                 bodies = functools.partial(door.body, model, "first", f"{tag}:load{clients}")
-                cell = await drive(url, pid, door, bodies, False, clients, counts.at(clients))
-                results[server, door.path, kind, f"load{clients}"] = cell
-    if server in (BASELINE, LCM, AIOHTTP, LITELLM_SDK, LITELLM_PROXY):
-        cell = await drive(url, pid, CHAT_DOOR, lambda i: LONG_BODY, False, 1, counts)
-        results[server, CHAT_DOOR.path, CHAT_DOOR.kinds[0][0], "long"] = cell
+                await cell((server, door.path, kind, f"load{clients}"), door, bodies, False, clients)
+    await cell((server, CHAT_DOOR.path, CHAT_DOOR.kinds[0][0], "long"), CHAT_DOOR, lambda i: LONG_BODY, False, 1)
 
 
 async def lcm_long_state(url: str) -> str:
@@ -338,12 +345,12 @@ def main(quick: bool = False) -> None:
         args = ["-m", "bench.servers", "fake", str(upstream_port)]
         fake = our_server("fake upstream", args, upstream_port, ready_path="/v1/models")  # it has no /healthz
         with process(fake, tmp / "fake.log") as (upstream, _, fake_pid):
-            asyncio.run(measure(BASELINE, upstream, fake_pid, counts, results))
+            asyncio.run(measure(BASELINE, upstream, fake_pid, counts, results, notes))
             for server in [*comparators(upstream, tmp, litellm_exe), lcm_proxy_server(upstream, tmp)]:
                 try:
                     with process(server, tmp / f"{server.port}.log") as (url, startup, pid):
                         startups.append(f"{server.name} {startup:.1f}")
-                        asyncio.run(measure(server.name, url, pid, counts, results))
+                        asyncio.run(measure(server.name, url, pid, counts, results, notes))
                         peaks.append(f"{server.name} {peak_rss_mib(pid):.0f}")
                         if server.name == LCM:
                             notes.append(asyncio.run(lcm_long_state(url)) + ".")
