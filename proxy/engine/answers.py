@@ -55,6 +55,10 @@ async def record_answer(
     current = await store.read.conversation(scope, conversation_id)
     if current is None or current.message_count not in (length, length + 1):
         return False  # the conversation moved on (the client's next request came first): it has the answer
+    if current.message_count == length + 1 and await store.read.chain_in_conversation(conversation_id, length, chain):
+        # This very answer is already stored (a re-send, a tool loop's next round): nothing to read or write.
+        # The transaction checks again; this only spares its preparation (the ledger's reading is the costly part).
+        return False
     limits = ingestor.thresholds
     explorations: dict[str, str] = {}
     explorer = ingestor.explorer(scope, None, explorations)

@@ -25,6 +25,7 @@ apply), and its ``model_info.lcm_direct`` is not false. Every other deployment i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Mapping
@@ -66,15 +67,24 @@ class Endpoint:
     model: str
     url: str
     key: str | None
+    headers: tuple[tuple[str, str], ...] = ()  # the organization and project, when the environment names them
 
 
 def endpoint(litellm: Any, kwargs: Mapping[str, Any]) -> Endpoint | None:
     """The direct endpoint of the call ``kwargs`` describes, or None when LiteLLM must make it."""
     if not ENABLED or not PARAMS.issuperset(kwargs):
         return None
-    return _endpoint(
+    point = _endpoint(
         litellm, str(kwargs["model"]), kwargs.get("custom_llm_provider"), kwargs.get("api_base"), kwargs.get("api_key")
     )
+    if point is None:
+        return None
+    # The OpenAI SDK inside LiteLLM names the organization and project the environment gives (read per call, as
+    # it does): sent the same way.
+    organization = litellm.organization or os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
+    project = os.environ.get("OPENAI_PROJECT_ID")
+    extra = {"openai-organization": organization, "openai-project": project}
+    return dataclasses.replace(point, headers=tuple((k, str(v)) for k, v in extra.items() if v))
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,6 +129,7 @@ async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> pool.Ans
     headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
     if point.key:
         headers["authorization"] = f"Bearer {point.key}"
+    headers.update(point.headers)
     for extra in (kwargs.get("headers"), kwargs.get("extra_headers")):
         if isinstance(extra, Mapping):
             headers.update({str(k).lower(): str(v) for k, v in extra.items()})

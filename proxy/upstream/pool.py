@@ -26,8 +26,11 @@ from typing import Any, Protocol
 
 import aiohttp
 import httpx
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 CHUNK_BYTES = 1 << 16
+LIMIT_PER_HOST = 500  # connections open at once to one upstream host (as LiteLLM's own aiohttp transport)
 # True: requests go out through httpx instead (one client per event loop), for unit tests that mock httpx (respx).
 HTTPX = False
 _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
@@ -98,15 +101,20 @@ class Response:
     aiter_bytes = aiter_raw
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        """The body's lines, without their ``\\n`` or ``\\r\\n``, however long (an SSE event may be large)."""
-        buffer = b""
+        """The body's lines, without their ``\\n`` or ``\\r\\n``, however long (an SSE event may be large). Each
+        chunk is searched once: a long line costs its length, not its length squared."""
+        pending: list[bytes] = []
         async for chunk in self.aiter_raw():
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
+            start = 0
+            while (cut := chunk.find(b"\n", start)) >= 0:
+                pending.append(chunk[start:cut])
+                line, pending = b"".join(pending), []
                 yield line.removesuffix(b"\r").decode("utf-8", "replace")
-        if buffer:
-            yield buffer.removesuffix(b"\r").decode("utf-8", "replace")
+                start = cut + 1
+            if start < len(chunk):
+                pending.append(chunk[start:])
+        if pending:
+            yield b"".join(pending).removesuffix(b"\r").decode("utf-8", "replace")
 
     async def aclose(self) -> None:
         """Done with it: a connection read to its end goes back to the pool; one left mid-answer is closed (a
@@ -122,27 +130,56 @@ def _session() -> aiohttp.ClientSession:
     session = _sessions.get(loop)
     if session is None or session.closed:
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=100),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=LIMIT_PER_HOST),
             cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=True,
+            trust_env=False,  # not ~/.netrc's credentials: the proxy settings are read per request (``_proxy``)
             auto_decompress=True,
         )
         _sessions[loop] = session
     return session
 
 
+def _proxy(url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``), as httpx
+    and the OpenAI SDK honour them; (None, None) for none."""
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
+
+
 _httpx_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 
 
 async def send(url: str, content: bytes, headers: dict[str, str], timeout: httpx.Timeout) -> Answer:
-    """POST ``content`` to ``url``; the answer open, whatever its status."""
+    """POST ``content`` to ``url``; the answer open, whatever its status.
+
+    Timeouts as httpx applies them: waiting for a pooled connection and opening one within ``pool`` +
+    ``connect``, each read within ``read``; and since aiohttp has no write timeout, the exchange up to the
+    answer's headers within the sum of all four (a server that takes the connection but never reads a large
+    body must not hold the call forever)."""
     if HTTPX:
         client = _httpx_clients.setdefault(asyncio.get_running_loop(), httpx.AsyncClient(follow_redirects=False))
         request = client.build_request("POST", url, content=content, headers=headers, timeout=timeout)
         return await client.send(request, stream=True)
-    limits = aiohttp.ClientTimeout(total=None, sock_connect=timeout.connect, sock_read=timeout.read)
+    waits = (timeout.pool, timeout.connect, timeout.write, timeout.read)
+    pool_and_connect = None if timeout.pool is None or timeout.connect is None else timeout.pool + timeout.connect
+    limits = aiohttp.ClientTimeout(
+        total=None, connect=pool_and_connect, sock_connect=timeout.connect, sock_read=timeout.read
+    )
+    proxy, proxy_auth = _proxy(url)
+    deadline = asyncio.timeout(None if None in waits else sum(w for w in waits if w is not None))
     with mapped(url):
-        raw = await _session().post(url, data=content, headers=headers, timeout=limits, allow_redirects=False)
+        try:
+            async with deadline:
+                raw = await _session().post(
+                    url, data=content, headers=headers, timeout=limits, allow_redirects=False, proxy=proxy,
+                    proxy_auth=proxy_auth,
+                )  # fmt: skip
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise  # one of aiohttp's own timeouts (``mapped``)
+            raise httpx.WriteTimeout("the upstream did not answer in time", request=_request(url)) from exc
     return Response(raw, url)
 
 

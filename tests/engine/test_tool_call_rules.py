@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.upstream import direct
 from tests.support.fakes import FakeUpstream, Reply
 from tests.support.proxies import RunningProxy
 
@@ -102,9 +103,15 @@ def test_a_call_without_a_name_is_a_malformed_answer(
     not streamed, the same answer was a 502."""
     fake_upstream.enqueue(Reply(content=None, tool_calls=[NAMELESS[shape]]), Reply(content="done"))
     response, events = ask(mode_proxy, stream)
-    # LiteLLM itself cannot read a JSON body with ``function: null``: the same 502, in its words.
+    # LiteLLM itself cannot read a JSON body with ``function: null``: the same 502, in its words; the direct
+    # path (the default for this OpenAI-compatible upstream) reads it and names what is wrong.
     unreadable = shape == "function_null" and not stream
-    what = "not a chat completion that could be read" if unreadable else "a tool call without a function name"
+    if unreadable and direct.ENABLED:
+        what = "a tool call without a function object"
+    elif unreadable:
+        what = "not a chat completion that could be read"
+    else:
+        what = "a tool call without a function name"
     assert_malformed(fake_upstream, mode, stream, response, events, what)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
+import httpx
 import orjson
 import pytest
 
@@ -184,3 +186,134 @@ def test_a_stream_event_larger_than_aiohttps_line_limit_is_read_whole() -> None:
         return text
 
     assert run(stream, calls) == big
+
+
+# --- a hostile review's findings: each failed against the first version of the pool --------------------------
+
+
+def headers_of(request: bytes) -> dict[str, str]:
+    head = request.split(b"\r\n\r\n", 1)[0].decode()
+    return {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in head.split("\r\n")[1:])}
+
+
+def captured(calls: Callable[[Upstream, ResolvedModel], Awaitable[Any]]) -> list[bytes]:
+    requests: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            requests.append(await read_request(reader))
+            writer.write(reply(ANSWER))
+            await writer.drain()
+
+    run(serve, calls)
+    return requests
+
+
+def one_call(upstream: Upstream, model: ResolvedModel) -> Awaitable[Any]:
+    return upstream.complete(model, dict(BODY))
+
+
+def test_a_netrc_file_does_not_take_the_place_of_the_deployments_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp with ``trust_env`` reads ~/.netrc, and then refused every call that carries its own key."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("default login netrc-user password netrc-secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert [headers_of(r)["authorization"] for r in captured(one_call)] == ["Bearer sk-pool-1"]
+
+
+def test_the_environments_openai_organization_and_project_are_sent_as_litellm_sends_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-review")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-review")
+    sent = {}
+    for path in ("litellm", "direct"):
+        monkeypatch.setattr(direct, "ENABLED", path == "direct")
+        headers = headers_of(captured(one_call)[0])
+        sent[path] = (headers.get("openai-organization"), headers.get("openai-project"))
+    assert sent["direct"] == sent["litellm"] == ("org-review", "proj-review")
+
+
+def test_an_upstream_that_never_reads_a_large_body_is_a_timeout_not_a_hang() -> None:
+    """aiohttp has no write timeout: the exchange up to the answer's headers is bounded by the call's timeouts."""
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.Event().wait()  # never reads the body
+
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * (32 << 20)}]}
+
+    async def calls(upstream: Upstream, model: ResolvedModel) -> str:
+        try:
+            await asyncio.wait_for(upstream.complete(model, big), 30)
+        except TimeoutError:
+            return "hung"
+        except UpstreamError as error:
+            return type(error).__name__
+        return "answered"
+
+    assert run(deaf, calls, timeout=1) == "UpstreamTimeoutError"
+
+
+def test_waiting_for_a_pooled_connection_is_bounded_by_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every connection to a host busy, the next call waits at most its pool and connect timeouts."""
+    monkeypatch.setattr(pool, "LIMIT_PER_HOST", 2)
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"3\r\n:\n\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+
+    async def calls(upstream: Upstream, model: ResolvedModel) -> str:
+        url = model.litellm_params["api_base"] + "/chat/completions"
+        timeout = httpx.Timeout(1, connect=1)
+        held = [await pool.send(url, b"{}", {"content-type": "application/json"}, timeout) for _ in range(2)]
+        try:
+            await asyncio.wait_for(pool.send(url, b"{}", {}, timeout), 10)
+            return "sent"
+        except TimeoutError:
+            return "hung"
+        except httpx.TimeoutException as exc:
+            return type(exc).__name__
+        finally:
+            for response in held:
+                await response.aclose()
+
+    assert run(trickle, calls, timeout=1) in ("ConnectTimeout", "PoolTimeout", "WriteTimeout")
+
+
+class Chunks:
+    """An aiohttp answer's body, in chunks of ``size`` bytes, and what ``pool.Response`` reads of it."""
+
+    status = 200
+    headers: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.content = self
+        self._data, self._size = data, size
+
+    async def iter_chunked(self, n: int) -> Any:
+        for i in range(0, len(self._data), self._size):
+            yield self._data[i : i + self._size]
+
+
+def test_lines_are_read_whole_across_chunks_of_any_size() -> None:
+    """Line ends split across chunks, ``\\r\\n`` and ``\\n``, a long event and a last line without its end: each
+    chunk is searched once (the first version split the whole buffer again at every chunk, quadratic in a long
+    event's length)."""
+
+    async def lines(data: bytes, size: int) -> list[str]:
+        response = pool.Response(Chunks(data, size), "http://upstream.test")  # type: ignore[arg-type]
+        return [line async for line in response.aiter_lines()]
+
+    small = b"data: {}\r\n\r\ndata: [DONE]\n\n: tail"
+    assert asyncio.run(lines(small, 1)) == ["data: {}", "", "data: [DONE]", "", ": tail"]
+    event = b"data: " + b"x" * (1 << 20) + b"\r\n\r\ndata: [DONE]\n\n: tail"
+    for size in (7, 1 << 14, len(event)):
+        assert asyncio.run(lines(event, size)) == ["data: " + "x" * (1 << 20), "", "data: [DONE]", "", ": tail"]
