@@ -11,7 +11,20 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, kit, ledger, load, overhead, scale, standing_eval, store
+from bench import (
+    clients,
+    compaction,
+    delete,
+    fidelity,
+    ingest,
+    kit,
+    ledger,
+    load,
+    overhead,
+    scale,
+    standing_eval,
+    store,
+)
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
@@ -21,6 +34,7 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "compaction": compaction.main,
     "scale": scale.main,
     "overhead": overhead.main,
+    "clients": clients.main,
     "load": load.main,
     "fidelity": fidelity.main,
     "kit": kit.main,

@@ -193,3 +193,13 @@ def test_scale_benchmark_prints_its_tables() -> None:
     assert "## scale: the proxy's own time per request, in process" in result.stdout
     assert "| identity (lookup) |" in result.stdout
     assert "## scale: whole request over HTTP" in result.stdout
+
+
+def test_clients_benchmark_compares_httpx_and_aiohttp() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "clients", "--quick"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert {"httpx", "aiohttp"} <= set(rows)
+    assert rows["aiohttp"].rstrip(" |").endswith("1.00x")  # the ratios are to aiohttp's CPU per request
