@@ -19,6 +19,7 @@ This module is the deterministic core, with no store and no I/O:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
@@ -97,7 +98,9 @@ def extract(text: str, role: str) -> list[Statement]:
     # sets: a web page or a README quoted in a message must not become a standing rule (``speech.own_prose``).
     prose = own_prose(redact_secrets(text[:MAX_INPUT_CHARS]))
     found: dict[tuple[str, str], Statement] = {}
-    language = detect(prose)  # of the whole message: a sentence in it may be too short to tell
+    # The language of the whole message (a sentence in it may be too short to tell), detected only when a sentence
+    # is neither plainly English nor plainly not (lingua costs more than reading most messages).
+    language = functools.cache(lambda: detect(prose))
     for whole in sentences(prose):
         if foreign(whole, language):  # "Eine Regel: …": English cues in German prose misread it (``languages``)
             continue
