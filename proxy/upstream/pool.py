@@ -1,12 +1,12 @@
 """The HTTP client of the calls the proxy sends itself: chat on the direct path (``proxy.upstream.direct``) and
 the native Messages and Responses calls (``proxy.upstream.relay.post``).
 
-aiohttp, not httpx: per request it costs a quarter of httpx's CPU (``python -m bench clients`` measures both
-against the same fake upstream), and the proxy's own cost per request is what a busy machine runs out of.
-One session per event loop (a pooled connection belongs to the loop that opened it), keep-alive pools, the
-environment's proxy settings (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``: ``trust_env``), no redirects
-followed, no cookies kept (an upstream's cookie must not travel from one tenant's request to another's), and
-each request's own connect and read timeouts.
+aiohttp, not httpx: per request it costs a third to a quarter of httpx's CPU (``python -m bench clients``
+measures both against the same fake upstream), and the proxy's own cost per request is what a busy machine runs
+out of. One session per event loop (a pooled connection belongs to the loop that opened it), keep-alive pools,
+the environment's proxy settings (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``, read per request; never
+``~/.netrc``'s credentials), no redirects followed, no cookies kept (an upstream's cookie must not travel from one
+tenant's request to another's), and each request's own timeouts.
 
 The rest of the proxy reads httpx: ``mapped`` is the one place where aiohttp's errors become httpx's (a refused
 or failed connection ``ConnectError``, a connect timeout ``ConnectTimeout``, a read timeout ``ReadTimeout``, a
