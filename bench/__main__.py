@@ -11,7 +11,7 @@ import os
 import platform
 from collections.abc import Callable
 
-from bench import compaction, delete, fidelity, ingest, kit, ledger, load, overhead, standing_eval, store
+from bench import compaction, delete, fidelity, ingest, kit, ledger, load, local_turns, overhead, standing_eval, store
 
 BENCHMARKS: dict[str, Callable[..., None]] = {
     "ingest": ingest.main,
@@ -22,11 +22,12 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "overhead": overhead.main,
     "load": load.main,
     "fidelity": fidelity.main,
+    "local-turns": local_turns.main,
     "kit": kit.main,
     "standing-eval": standing_eval.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "standing-eval", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "local-turns", "standing-eval", "store"}
 
 
 def main() -> None:
