@@ -107,6 +107,7 @@ def drive(
     shape: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> Way:
     way = Way(name)
+    windows: list[tuple[float, float]] = []  # each turn's request and answer times
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     with httpx.Client(timeout=1800) as client:
         for turn in range(turns):
@@ -123,16 +124,10 @@ def drive(
                 way.changes_from = turn + 1
             if pause and turn < turns - 1:
                 time.sleep(pause)
-            calls = [c for c in log() if c[0] >= before]
-            chat = [c[2] for c in calls if not c[1] and c[0] <= after]
-            inside = [c for c in calls if c[1] and c[0] <= after]
-            later = [c for c in calls if c[1] and c[0] > after]
-            if any(c[1] for c in calls) and way.changes_from is None:
-                way.changes_from = turn + 1
+            windows.append((before, after))
+            chat = [c[2] for c in log() if not c[1] and before <= c[0] <= after]
             prompt_n = sum(n or 0 for n in chat) if chat and all(n is not None for n in chat) else None
-            summary_n = sum(c[2] or 0 for c in inside + later)
-            way.turns.append(Turn(response.status_code, after - before, prompt_n, compaction, len(inside),
-                                  len(later), summary_n))  # fmt: skip
+            way.turns.append(Turn(response.status_code, after - before, prompt_n, compaction))
             if response.status_code != 200:
                 if way.failed_from is None:
                     way.failed_from = turn + 1
@@ -142,7 +137,26 @@ def drive(
                 continue
             answer = response.json()["choices"][0]["message"]
             messages.append({"role": "assistant", "content": answer.get("content") or ""})
+    if pause:
+        time.sleep(pause)  # the summaries the last answer scheduled
+    attribute(way, windows, log())
     return way
+
+
+def attribute(way: Way, windows: list[tuple[float, float]], calls: list[tuple[float, bool, int | None]]) -> None:
+    """Each summariser call to the turn it started in (the client was waiting) or the pause after it."""
+    for started, summary, prompt_n in calls:
+        if not summary or not windows or started < windows[0][0]:
+            continue
+        index = max(i for i, (before, _) in enumerate(windows) if before <= started)
+        turn = way.turns[index]
+        if started <= windows[index][1]:
+            turn.summaries_inside += 1
+            if way.changes_from is None or way.changes_from > index + 1:
+                way.changes_from = index + 1
+        else:
+            turn.summaries_after += 1
+        turn.summary_prompt_n += prompt_n or 0
 
 
 @contextlib.contextmanager
@@ -183,13 +197,19 @@ def proxy_process(upstream: str, data_dir: str) -> Iterator[str]:
                 process.wait()
 
 
+WAYS = ("proxy", "everything", "truncate")
+
+
 def run_ways(upstream: str, log: CallLog, args: argparse.Namespace) -> list[Way]:
     ways = []
-    with tempfile.TemporaryDirectory() as tmp, proxy_process(upstream, f"{tmp}/proxy") as proxy:
-        ways.append(drive("lcm-proxy", proxy, "local", log, args.turns, args.max_tokens, args.pause))
-    ways.append(drive("client sends everything", upstream, "local-model", log, args.turns, args.max_tokens, 0))
-    trim: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda m: truncated(m, args.max_tokens)  # noqa: E731
-    ways.append(drive("client truncates", upstream, "local-model", log, args.turns, args.max_tokens, 0, trim))
+    if "proxy" in args.ways:
+        with tempfile.TemporaryDirectory() as tmp, proxy_process(upstream, f"{tmp}/proxy") as proxy:
+            ways.append(drive("lcm-proxy", proxy, "local", log, args.turns, args.max_tokens, args.pause))
+    if "everything" in args.ways:
+        ways.append(drive("client sends everything", upstream, "local-model", log, args.turns, args.max_tokens, 0))
+    if "truncate" in args.ways:
+        trim: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda m: truncated(m, args.max_tokens)  # noqa: E731
+        ways.append(drive("client truncates", upstream, "local-model", log, args.turns, args.max_tokens, 0, trim))
     return ways
 
 
@@ -222,13 +242,16 @@ def _median(values: list[float]) -> str:
 
 
 def print_tables(ways: list[Way], args: argparse.Namespace, model: str) -> None:
-    proxied = ways[0]
-    start = proxied.changes_from or ways[2].changes_from or len(proxied.turns) + 1
+    proxied = next((w for w in ways if w.name == "lcm-proxy"), Way("lcm-proxy"))
+    others = [w.changes_from for w in ways if w.changes_from]
+    start = proxied.changes_from or (others[0] if others else None) or args.turns + 1
     print(
         f"\n## local turns: {model}, llama.cpp n_ctx {WINDOW}, {args.turns} turns, max_tokens {args.max_tokens},"
         f" {args.threads} threads, pause between lcm-proxy's turns {args.pause:g} s\n"
     )
-    print(f"Phases split at turn {start}, where lcm-proxy's compaction starts.\n")
+    print(
+        f"Phases split at turn {start}, where lcm-proxy's compaction starts (else where the context first changes).\n"
+    )
     print(
         "| way | turns answered | refused from turn | context changes from turn | median s before | median s after |"
         " after / before | max s | median prompt_n before | median prompt_n after | max prompt_n after |"
@@ -284,7 +307,11 @@ def parse_args(argv: list[str], quick: bool) -> argparse.Namespace:
     parser.add_argument("--pause", type=float, help="seconds the user waits between lcm-proxy's turns (default 10)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp threads")
     parser.add_argument("--fake", action="store_true", help="a one-slot fake llama.cpp (tests/support/slot.py)")
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated, of {', '.join(WAYS)} (default: all)")
     args = parser.parse_args(argv)
+    args.ways = args.ways.split(",")
+    if unknown := set(args.ways) - set(WAYS):
+        parser.error(f"unknown ways {', '.join(sorted(unknown))}")
     if args.pause is None:
         args.pause = 0.5 if args.fake else 10.0
     return args

@@ -182,3 +182,16 @@ def test_standing_eval_real_proposer_asks_as_the_leaf_pass_and_verifies_what_it_
     assert call.standing and len(call.offered) == 2 and len(call.accepted) == 1 and call.notes_usable
     assert any(standing_eval.matches(i.text, planted["quote"]) for i in items)
     assert "accepted by verification: 1" in standing_eval.report_calls(proposer.calls)
+
+
+def test_local_turns_benchmark_prints_its_tables_with_the_fake_llama_cpp() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "local-turns", "--quick", "--fake"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert {"lcm-proxy", "client sends everything", "client truncates"} <= set(rows)
+    assert rows["lcm-proxy"][2].strip() == "16/16"
+    inside, _, between = rows["lcm-proxy"][13].strip().partition(" / ")
+    assert inside == "0" and int(between) > 0  # summaries between the turns, never inside one
