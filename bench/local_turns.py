@@ -83,15 +83,28 @@ class Way:
     turns: list[Turn] = field(default_factory=list)
     failed_from: int | None = None  # the first turn llama.cpp refused (a client sending everything stops there)
     changes_from: int | None = None  # the first turn its forwarded context is not the plain transcript
+    retries: int = 0  # requests a truncating client sent again, cut deeper, after a refusal
 
 
 CallLog = Callable[[], list[tuple[float, bool, int | None]]]  # (started, summariser?, prompt_n) of every call
 
 
-def truncated(messages: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+class Truncating:
+    """A client that truncates: the system message and the newest whole turns that fit the window by its own
+    count (o200k times a margin); refused, it raises the margin by a tenth and sends again (``drive``)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.margin = MARGIN
+
+    def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return truncated(messages, self.max_tokens, self.margin)
+
+
+def truncated(messages: list[dict[str, Any]], max_tokens: int, margin: float = MARGIN) -> list[dict[str, Any]]:
     """The system message and the newest whole turns that fit the window."""
     system, rest = messages[:1], messages[1:]
-    while len(rest) > 1 and count_messages(system + rest) * MARGIN + max_tokens > WINDOW:
+    while len(rest) > 1 and count_messages(system + rest) * margin + max_tokens > WINDOW:
         rest = rest[2:] if len(rest) > 2 and rest[1].get("role") == "assistant" else rest[1:]
     return system + rest
 
@@ -118,6 +131,11 @@ def drive(
             before = time.perf_counter()
             body = {"model": model, "messages": sent, "max_tokens": max_tokens, "temperature": 0}
             response = client.post(f"{url}/v1/chat/completions", json=body)
+            while response.status_code == 400 and isinstance(shape, Truncating) and shape.margin < 2:
+                shape.margin += 0.1  # refused: the server counts more than the client thought; cut deeper
+                way.retries += 1
+                body["messages"] = shape(messages)
+                response = client.post(f"{url}/v1/chat/completions", json=body)
             after = time.perf_counter()
             compaction = response.headers.get("x-lcm-compaction", "-")
             if compaction not in ("-", "none") and way.changes_from is None:
@@ -125,8 +143,8 @@ def drive(
             if pause and turn < turns - 1:
                 time.sleep(pause)
             windows.append((before, after))
-            chat = [c[2] for c in log() if not c[1] and before <= c[0] <= after]
-            prompt_n = sum(n or 0 for n in chat) if chat and all(n is not None for n in chat) else None
+            chat = [c[2] for c in log() if not c[1] and before <= c[0] <= after and c[2] is not None]
+            prompt_n = sum(n or 0 for n in chat) if chat else None  # (a refused request evaluates nothing)
             way.turns.append(Turn(response.status_code, after - before, prompt_n, compaction))
             if response.status_code != 200:
                 if way.failed_from is None:
@@ -208,7 +226,7 @@ def run_ways(upstream: str, log: CallLog, args: argparse.Namespace) -> list[Way]
     if "everything" in args.ways:
         ways.append(drive("client sends everything", upstream, "local-model", log, args.turns, args.max_tokens, 0))
     if "truncate" in args.ways:
-        trim: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda m: truncated(m, args.max_tokens)  # noqa: E731
+        trim = Truncating(args.max_tokens)
         ways.append(drive("client truncates", upstream, "local-model", log, args.turns, args.max_tokens, 0, trim))
     return ways
 
@@ -276,6 +294,9 @@ def print_tables(ways: list[Way], args: argparse.Namespace, model: str) -> None:
             f" {_median(n_before)} | {_median(n_after)} | {max(n_after, default=0):.0f} | {total} |"
             f" {inside} / {between} | {sum(t.summary_prompt_n for t in way.turns)} |"
         )
+    for way in ways:
+        if way.retries:
+            print(f"\n{way.name}: {way.retries} requests refused by the server and sent again, cut deeper.")
     print("\n### per turn (seconds / llama.cpp prompt_n; lcm-proxy also: x-lcm-compaction, summariser calls inside"
           " + after the turn, their prompt_n)\n")  # fmt: skip
     print(
