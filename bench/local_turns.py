@@ -146,6 +146,8 @@ def drive(
             chat = [c[2] for c in log() if not c[1] and before <= c[0] <= after and c[2] is not None]
             prompt_n = sum(n or 0 for n in chat) if chat else None  # (a refused request evaluates nothing)
             way.turns.append(Turn(response.status_code, after - before, prompt_n, compaction))
+            print(f"{name}, turn {turn + 1}: HTTP {response.status_code}, {after - before:.1f} s, prompt_n {prompt_n},"
+                  f" {compaction}", file=sys.stderr, flush=True)  # fmt: skip
             if response.status_code != 200:
                 if way.failed_from is None:
                     way.failed_from = turn + 1
