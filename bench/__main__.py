@@ -20,6 +20,7 @@ from bench import (
     kit,
     ledger,
     load,
+    local_turns,
     overhead,
     scale,
     standing_eval,
@@ -37,11 +38,12 @@ BENCHMARKS: dict[str, Callable[..., None]] = {
     "clients": clients.main,
     "load": load.main,
     "fidelity": fidelity.main,
+    "local-turns": local_turns.main,
     "kit": kit.main,
     "standing-eval": standing_eval.main,
 }
 # Benchmarks whose main() also takes ``argv``: the options this parser leaves over.
-OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "scale", "standing-eval", "store"}
+OWN_OPTIONS = {"delete", "fidelity", "kit", "ledger", "load", "local-turns", "scale", "standing-eval", "store"}
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ from proxy.engine.engine import Budget, ContextEngine
 from proxy.store.files import FileStore
 from proxy.store.sqlite.store import SQLiteStore
 from proxy.tokens import count_messages
+from tests.support import fact_session
 from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve_in_thread
 from tests.support.sim import (
@@ -187,7 +188,10 @@ def main(quick: bool = False) -> None:
         with serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/b", SIM_LCM))) as proxy:
             result = simulation(proxy, fake, turns)
         cache_tables = prompt_cache.measure(
-            lambda name: serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/{name}", SIM_LCM))), fake, quick
+            lambda name: serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/{name}", SIM_LCM))),
+            fake,
+            quick,
+            lambda name: serve_in_thread(create_app(proxy_config(upstream, f"{tmp}/{name}", fact_session.LCM))),
         )
     print(
         f"\n## compaction: simulated session ({turns} turns, {WINDOW}-token window, {int(result['requests'])} requests, {int(result['messages'])} messages)\n"

@@ -40,7 +40,6 @@ import hashlib
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bench.fidelity_data import Conversation, Fact, Message, generate
+from bench.llama import llama_server
 from proxy.app import create_app
 from proxy.config.lcm import LcmSettings
 from proxy.config.loading import parse_config
@@ -88,6 +88,8 @@ class Call:
     status: int = 0
     reply: str = ""
     seconds: float = 0.0
+    started: float = 0.0  # time.perf_counter() when the call arrived
+    prompt_n: int | None = None  # prompt tokens llama.cpp evaluated (its ``timings.prompt_n``), None from the fake
 
 
 def message_text(messages: list[Message]) -> str:
@@ -135,7 +137,8 @@ class RecordingUpstream:
         self.backend = backend
         self.timeout = timeout
         self._client: httpx.AsyncClient | None = None
-        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])], lifespan=self._life)
+        routes = [Route("/v1/chat/completions", self.chat, methods=["POST"]), Route("/props", self.props)]
+        self.app = Starlette(routes=routes, lifespan=self._life)
 
     @contextlib.asynccontextmanager
     async def _life(self, app: Starlette) -> AsyncIterator[None]:
@@ -145,9 +148,9 @@ class RecordingUpstream:
 
     async def chat(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
-        call = Call(model=str(body.get("model")), body=body)
-        self.calls.append(call)
         start = time.perf_counter()
+        call = Call(model=str(body.get("model")), body=body, started=start)
+        self.calls.append(call)
         if self.backend is not None and call.model != BUILD:
             assert self._client is not None
             response = await self._client.post(f"{self.backend}/v1/chat/completions", json=body)
@@ -161,9 +164,19 @@ class RecordingUpstream:
             content = weak_summary(body) if call.model == SUMMARIZER else "Noted, let's continue."
             payload = completion(call.model, content)
         call.seconds = time.perf_counter() - start
+        timings = payload.get("timings") if isinstance(payload, dict) else None
+        if isinstance(timings, dict) and isinstance(timings.get("prompt_n"), int):
+            call.prompt_n = timings["prompt_n"]
         if call.status == 200:
             call.reply = str(((payload.get("choices") or [{}])[0].get("message") or {}).get("content") or "")
         return JSONResponse(payload, status_code=call.status)
+
+    async def props(self, request: Request) -> Response:
+        """llama.cpp's ``GET /props`` (its context size), passed through from the backend."""
+        if self.backend is None or self._client is None:
+            return JSONResponse({"error": "no backend"}, status_code=404)
+        response = await self._client.get(f"{self.backend}/props")
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
 
     def since(self, index: int, model: str) -> list[Call]:
         return [c for c in self.calls[index:] if c.model == model]
@@ -535,64 +548,6 @@ def print_tables(results: list[SizeResult], settings: Settings, model_name: str 
 
 
 # --- a real model: llama.cpp through xllamacpp ------------------------------------------------------------
-
-LLAMA_SERVER = """
-import sys, time
-import xllamacpp as xlc
-path, port, n_ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-p = xlc.CommonParams()
-p.model.path = path
-p.n_ctx = n_ctx
-p.n_parallel = 1
-p.hostnames = ["127.0.0.1"]
-p.port = port
-p.cpuparams.n_threads = threads
-p.cpuparams_batch.n_threads = threads
-p.use_jinja = True
-server = xlc.Server(p)
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def llama_server(model: Path, window: int, threads: int) -> Iterator[str]:
-    """Serve ``model`` with llama.cpp in a child process; yield its base URL."""
-    port = free_port()
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, "-c", LLAMA_SERVER, str(model), str(port), str(window), str(threads)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(
-                        "llama.cpp server did not start:\n" + log.read()[-2000:].decode(errors="replace")
-                    )
-                time.sleep(0.5)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def sha256_of(path: Path) -> str:

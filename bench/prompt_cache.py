@@ -11,6 +11,7 @@ whose tool outputs are 1,000 to 6,000 tokens (``tests/support/agent_session.py``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import agent_session, sim
+from tests.support import agent_session, fact_session, sim
 from tests.support.cache import PRICING_ASSUMPTIONS, CacheUse, serialise, size
 from tests.support.client_compaction import claude_code_requests, threshold
 from tests.support.fakes import FakeUpstream
@@ -47,6 +48,7 @@ def run(
     user: Callable[[int], dict[str, Any]],
     result: Callable[[dict[str, Any], int, int], dict[str, Any]],
     max_rounds: int,
+    streamed: Callable[[int], bool] = lambda turn: False,
 ) -> Session:
     """Drive ``session.turns`` turns: each a user message, then tool rounds until the model answers;
     ``result(call, turn, n)`` is the output of the session's ``n``-th tool call."""
@@ -58,10 +60,14 @@ def run(
             session.transcript.append(user(turn))
             for _ in range(max_rounds):
                 body = {"model": "small", "messages": session.transcript, "tools": session.tools}
-                response = client.post("/chat/completions", json={**body, "max_tokens": sim.MAX_TOKENS})
-                assert response.status_code == 200, response.text
+                body["max_tokens"] = sim.MAX_TOKENS
+                if streamed(turn):
+                    message = stream(client, body)
+                else:
+                    response = client.post("/chat/completions", json=body)
+                    assert response.status_code == 200, response.text
+                    message = response.json()["choices"][0]["message"]
                 session.ends.append(len(session.transcript))
-                message = response.json()["choices"][0]["message"]
                 session.transcript.append({k: v for k, v in message.items() if v is not None})
                 if not message.get("tool_calls"):
                     break
@@ -73,6 +79,31 @@ def run(
     session.summaries = [b for b in received if sim.is_summary_request(b)]
     assert len(session.forwarded) == len(session.ends), "one forwarded request per client request"
     return session
+
+
+def stream(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed request, its answer put together from the chunks as a client does."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    with client.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices") or []:
+                delta = choice.get("delta") or {}
+                content.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    into = calls.setdefault(call["index"], {"id": "", "type": "function",
+                                                            "function": {"name": "", "arguments": ""}})  # fmt: skip
+                    into["id"] = call.get("id") or into["id"]
+                    function = call.get("function") or {}
+                    into["function"]["name"] += function.get("name") or ""
+                    into["function"]["arguments"] += function.get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
 
 
 @dataclass(frozen=True)
@@ -138,9 +169,15 @@ def print_table(session: Session) -> None:
     print("\n" + "\n".join(footnotes))
 
 
-def measure(serve: Callable[[str], AbstractContextManager[str]], fake: FakeUpstream, quick: bool) -> list[Session]:
-    """Both sessions, each through its own proxy ``serve(name)`` (served with ``sim.SIM_LCM`` in front of
-    ``fake``), so no background compaction of one session is counted in the other."""
+def measure(
+    serve: Callable[[str], AbstractContextManager[str]],
+    fake: FakeUpstream,
+    quick: bool,
+    serve_facts: Callable[[str], AbstractContextManager[str]] | None = None,
+) -> list[Session]:
+    """The sessions, each through its own proxy ``serve(name)`` (served with ``sim.SIM_LCM`` in front of
+    ``fake``; ``serve_facts`` with ``fact_session.LCM``), so no background compaction of one session is counted
+    in another."""
     fake.responder = sim.ScriptedModel()
     chat = Session("the simulated session of tests/support/sim.py", 40 if quick else 150, sim.TOOLS)
     with serve("chat") as proxy:
@@ -152,7 +189,16 @@ def measure(serve: Callable[[str], AbstractContextManager[str]], fake: FakeUpstr
     with serve("agent") as proxy:
         run(proxy, fake, agent, agent_session.instruction, lambda call, _, n: output(call, n),
             max_rounds=agent_session.ROUNDS + 1)  # fmt: skip
-    return [chat, agent]
+    sessions = [chat, agent]
+    if serve_facts is not None:
+        fake.responder = sim.ScriptedModel()
+        facts = Session("issue 32's chat: a new fact every turn, tool results every 10th, every 5th streamed",
+                        40 if quick else fact_session.TURNS, sim.TOOLS)  # fmt: skip
+        with serve_facts("facts") as proxy:
+            run(proxy, fake, facts, fact_session.user_turn, lambda call, turn, n: fact_session.tool_result(call, turn, n),
+                max_rounds=3, streamed=fact_session.streamed)  # fmt: skip
+        sessions.append(facts)
+    return sessions
 
 
 def print_tables(sessions: list[Session]) -> None:

@@ -203,3 +203,16 @@ def test_clients_benchmark_compares_httpx_and_aiohttp() -> None:
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| ")}
     assert {"httpx", "aiohttp"} <= set(rows)
     assert rows["aiohttp"].rstrip(" |").endswith("1.00x")  # the ratios are to aiohttp's CPU per request
+
+
+def test_local_turns_benchmark_prints_its_tables_with_the_fake_llama_cpp() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "local-turns", "--quick", "--fake"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert {"lcm-proxy", "client sends everything", "client truncates"} <= set(rows)
+    assert rows["lcm-proxy"][2].strip() == "16/16"
+    inside, _, between = rows["lcm-proxy"][13].strip().partition(" / ")
+    assert inside == "0" and int(between) > 0  # summaries between the turns, never inside one

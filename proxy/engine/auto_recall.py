@@ -39,7 +39,7 @@ from proxy.dialects import Dialect
 from proxy.engine.intercept import outside_stubs
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
-from proxy.engine.terms import Matcher, Term, query_terms, token_positions
+from proxy.engine.terms import Matcher, Term, content_words, query_terms, token_positions
 from proxy.redaction import redact_credentials
 from proxy.store.base import Phrase, Store
 from proxy.types import Message
@@ -259,15 +259,28 @@ def _assemble(lines: Sequence[tuple[int, str]]) -> str:
     return "\n".join([HEADER, *(line for _, line in sorted(lines)), FOOTER])
 
 
-def build_block(candidates: Sequence[Candidate], terms: Sequence[Term], max_tokens: int) -> str | None:
-    """The block for ranked ``candidates``: the best excerpts that fit ``max_tokens``, in message order."""
+def adds_nothing(line: str, known: frozenset[str] | None) -> bool:
+    """Whether an excerpt ``line`` carries no content word that the forwarded context lacks (``known``: the
+    context's ``content_words``): its facts are in front of the model already (in a summary, the ledger or the
+    raw messages), and a block of such excerpts would only cost the next request its cached prefix."""
+    if known is None:
+        return False
+    body = line.split("] ", 1)[1] if "] " in line else line
+    return content_words(body) <= known
+
+
+def build_block(
+    candidates: Sequence[Candidate], terms: Sequence[Term], max_tokens: int, known: frozenset[str] | None = None
+) -> str | None:
+    """The block for ranked ``candidates``: the best excerpts that fit ``max_tokens``, in message order, leaving
+    out those that add nothing to the forwarded context (``known``, ``adds_nothing``)."""
     remaining = max_tokens - tokens.count_text(_assemble([]))
     lines: list[tuple[int, str]] = []  # (seq, line), best first
     for candidate in candidates:
         if len(lines) >= MAX_EXCERPTS or remaining < MIN_EXCERPT_TOKENS:
             break
         line = _line(candidate, terms, remaining)
-        if line is None:
+        if line is None or adds_nothing(line, known):
             continue
         cost = tokens.count_text(line) + 1
         if cost <= remaining:
@@ -314,18 +327,28 @@ async def find_candidates(store: Store, conversation_id: str, before_seq: int, q
 
 
 def _rank_and_build(
-    rows: Sequence[tuple[int, int, str, str, float]], terms: Sequence[Term], max_tokens: int
+    rows: Sequence[tuple[int, int, str, str, float]],
+    terms: Sequence[Term],
+    max_tokens: int,
+    known: frozenset[str] | None = None,
 ) -> str | None:
     candidates = rank(rows, terms)
-    return build_block(candidates, terms, max_tokens) if candidates else None
+    return build_block(candidates, terms, max_tokens, known) if candidates else None
 
 
 async def recall_block(
-    store: Store, conversation_id: str, before_seq: int, query: str, max_tokens: int, earlier: Sequence[Line] = ()
+    store: Store,
+    conversation_id: str,
+    before_seq: int,
+    query: str,
+    max_tokens: int,
+    earlier: Sequence[Line] = (),
+    known: frozenset[str] | None = None,
 ) -> str | None:
     """The recalled-history block for ``query`` (the newest user message's text), from messages of
     ``conversation_id`` with seq < before_seq (the ones not forwarded raw), within max_tokens
-    (tokens.count_text of the returned string). None when nothing relevant is found or max_tokens is too small."""
+    (tokens.count_text of the returned string). None when nothing relevant is found, when every excerpt adds
+    nothing to the forwarded context (``known``: its content words), or when max_tokens is too small."""
     if max_tokens < tokens.count_text(_assemble([])) + MIN_EXCERPT_TOKENS:
         return None
     terms = query_terms(query)
@@ -333,8 +356,8 @@ async def recall_block(
     if not rows:
         return None
     if _large(rows):  # rescoring and excerpting are linear, but megabytes of it would stall the event loop
-        return await asyncio.to_thread(_rank_and_build, rows, terms, max_tokens)
-    return _rank_and_build(rows, terms, max_tokens)
+        return await asyncio.to_thread(_rank_and_build, rows, terms, max_tokens, known)
+    return _rank_and_build(rows, terms, max_tokens, known)
 
 
 RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
@@ -349,6 +372,7 @@ async def place(
     dialect: Dialect,
     mask: Callable[[str], str],
     earlier: Sequence[Line] = (),
+    context: str | None = None,
 ) -> tuple[list[Message], int, tuple[int, ...]]:
     """``raw`` (the messages forwarded raw, from seq ``first_raw``) with the excerpts matching the newest user
     message placed where they split the least of the prefix the next request shares with this one (provider
@@ -359,7 +383,9 @@ async def place(
       next request, which carries the message without the block, diverges only at the message's own words;
     - in a round of tool calls, after the last tool result: the next round repeats everything before it.
 
-    Returns (messages, tokens added, message ids quoted).
+    Returns (messages, tokens added, message ids quoted). ``context``: the rest of what is forwarded (summaries,
+    ledger); with the raw messages, excerpts whose content words are all in it are left out, and with them the
+    block when none is left.
 
     ``mask`` hides what a later statement replaced (``proxy.engine.standing``); the marker may cost more than
     the words it hides, so the block is measured again after it (Bounded)."""
@@ -374,13 +400,15 @@ async def place(
     words = outside_stubs(query)
     if words.strip():
         query = words
-    block = await recall_block(store, conversation_id, first_raw, query, cap, earlier)
+    forwarded = "\n".join([context or "", *(dialect.text(m) for m in raw)])
+    known = frozenset(content_words(forwarded))
+    block = await recall_block(store, conversation_id, first_raw, query, cap, earlier, known)
     if block is None:
         return raw, 0, ()
     masked = mask(block)
     if masked != block and tokens.count_text(masked) > cap:
         smaller = await recall_block(
-            store, conversation_id, first_raw, query, 2 * cap - tokens.count_text(masked) - 8, earlier
+            store, conversation_id, first_raw, query, 2 * cap - tokens.count_text(masked) - 8, earlier, known
         )
         masked = mask(smaller) if smaller is not None else ""
         if not masked or tokens.count_text(masked) > cap:

@@ -170,9 +170,11 @@ class ContextEngine:
             # streamed request sends its headers first) and takes its summaries of the shared prefix.
             waiting = asyncio.create_task(self._after_parent(request, parent_task, summarizer))
             return Preparation(self, request, compacting=waiting)
-        if view.tokens > sizes.context:
+        if view.tokens > sizes.context and not getattr(summarizer, "between_turns", False):
             task = self.sweeps.start(conversation.id, summarizer, sizes, count, "inline")
             return Preparation(self, request, compacting=task)
+        # A summariser that works between turns (a local one-slot server) compacts after the response, while the
+        # server is idle; this request is answered from what fits (``_finish`` schedules the compaction).
         return Preparation(self, request)
 
     async def _finish(self, request: _Request, compacting: asyncio.Task[SweepReport] | None) -> Prepared:
@@ -246,10 +248,15 @@ class ContextEngine:
         recalled: tuple[int, ...] = ()
         earlier = await self._continued(request.scope, request.conversation)
         if self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0:
-            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, 2000))
+            # At most a quarter of the message limit: the block changes with every question, so each request
+            # re-reads all of it (a provider's cache, llama.cpp's slot), and in a 2k window a block of five
+            # excerpts cost more than the turn itself.
+            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
+            context = "\n".join([block, *(s.content for s in assembly.summaries)])
             raw, recall_tokens, recalled = await auto_recall.place(
-                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier
-            )
+                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier,
+                context,
+            )  # fmt: skip
             used += recall_tokens
         prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
         sent = Sent(

@@ -175,3 +175,16 @@ def token_positions(text: str) -> tuple[list[int], list[str]]:
         starts.append(match.start())
         folded.append(_fold(match.group()))
     return starts, folded
+
+
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` that carry content, folded: those with a digit (two characters or more) and those
+    of three letters or more that are not ``STOPWORDS``. Auto-recall compares an excerpt's with the forwarded
+    context's to tell whether the excerpt adds anything."""
+    out: set[str] = set()
+    for match in _TOKEN.finditer(text):
+        word = _fold(match.group())
+        numeric = any(c.isdigit() for c in word)
+        if (numeric and len(word) >= 2) or (not numeric and len(word) >= 3 and word not in STOPWORDS):
+            out.add(word)
+    return out

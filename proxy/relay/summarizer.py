@@ -84,6 +84,13 @@ class UpstreamSummarizer:
         self.window = window  # the summary model's input window: the engine fits every call into it
         self.priority = priority  # background calls give way to chat requests on a single-slot local server
 
+    @property
+    def between_turns(self) -> bool:
+        """Whether this summary model's calls give way to chat requests (a server on this machine, one slot:
+        ``proxy.relay.priority``): then summarising is done while the server is idle between turns, never inline
+        under a request's deadline, where the next chat request would cancel it and throw the work away."""
+        return self.priority is not None and self.priority.key(self.target) is not None
+
     async def complete(self, *, system: str, user: str, max_tokens: int, temperature: float) -> str:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         return await self._send(messages, max_tokens, temperature, yielding=True)

@@ -8,7 +8,7 @@ from typing import Any
 from proxy import tokens
 from proxy.engine.auto_recall import EXCERPT_TOKENS, find_candidates, recall_block
 from proxy.engine.ingest import Ingestor
-from proxy.engine.terms import MAX_TERMS, query_terms
+from proxy.engine.terms import MAX_TERMS, content_words, query_terms
 from proxy.store.base import Phrase
 from proxy.store.location import Location
 from proxy.store.sqlite.search import fts_query
@@ -310,3 +310,27 @@ def test_a_rare_identifier_is_found_among_many_messages_of_common_words(where: L
             assert block is not None and ticket in block
 
     run(scenario())
+
+
+def test_no_block_when_the_forwarded_context_holds_what_the_excerpts_say(where: Location) -> None:
+    async def scenario() -> None:
+        async with open_engine(where) as (ingestor, store, _):
+            conversation = await ingest(ingestor, transcript(SISTER))
+            question = "Where does my sister live?"
+            assert await recall_block(store, conversation, 12, question, 400) is not None
+            # A summary forwarded with the request says it already: the excerpt would add nothing but a changed
+            # prefix (the next request re-reads everything after it).
+            known = frozenset(content_words("Summary: the user's sister Ingrid lives in Bergen. " + question))
+            assert await recall_block(store, conversation, 12, question, 400, known=known) is None
+            # One new word (the city is not in what is forwarded) and the excerpt is back.
+            known = frozenset(content_words("Summary: the user's sister is called Ingrid. " + question))
+            block = await recall_block(store, conversation, 12, question, 400, known=known)
+            assert block is not None and SISTER in block
+
+    run(scenario())
+
+
+def test_content_words_keep_what_tells_messages_apart() -> None:
+    assert content_words("For the staging database, the owner is now K01234; it is 5 PM.") == {
+        "staging", "database", "owner", "k01234",
+    }  # fmt: skip

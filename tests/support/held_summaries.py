@@ -73,5 +73,7 @@ def start(proxy_factory: Any, url: str, deadline: float) -> Any:
         "litellm_params": {"model": "openai/local", "api_base": f"{url}/v1", "api_key": "k-12345678"},
         "model_info": {"max_input_tokens": 2048},
     }
-    lcm = {"inline_compaction_seconds": deadline, "summary_timeout": 120}
+    # The inline path: a summary model whose calls do not give way to chat requests (a hosted one). A server on
+    # this machine (loopback, ``background_yields: auto``) summarises between turns instead, never inline.
+    lcm = {"inline_compaction_seconds": deadline, "summary_timeout": 120, "background_yields": "never"}
     return proxy_factory(models=[model], lcm=lcm, request_timeout=120)

@@ -262,7 +262,7 @@ needs_llama = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[str]:
-    from bench.fidelity import llama_server
+    from bench.llama import llama_server
 
     model = _gguf()
     assert model is not None, f"CI must provide {GGUF_ENV} and xllamacpp"
