@@ -34,10 +34,8 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamError
 from proxy.upstream import pool
-from proxy.upstream.errors import capital
-from proxy.upstream.relay import read_error, too_large
+from proxy.upstream.relay import read_error, read_object
 
 # Set to False to send every chat call through LiteLLM (the test suite runs both ways: tests/upstream/conftest.py).
 ENABLED = True
@@ -143,22 +141,4 @@ async def send(kwargs: Mapping[str, Any], limit: int, upstream: str) -> pool.Ans
 
 async def read_json(response: pool.Answer, limit: int, upstream: str) -> dict[str, Any]:
     """A non-streamed answer, within ``limit`` bytes; a 502 naming the upstream when it is not a JSON object."""
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_bytes(READ_BYTES):
-            data += chunk
-            if len(data) > limit:
-                raise too_large(upstream, limit)
-    finally:
-        await response.aclose()
-    try:
-        answer = orjson.loads(bytes(data))
-    except orjson.JSONDecodeError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise UpstreamError(
-            f"{capital(upstream)} sent a malformed response: not a chat completion that could be read.",
-            status=502,
-            code="upstream_bad_response",
-        )
-    return answer
+    return await read_object(response, limit, upstream, "a chat completion")

@@ -86,7 +86,10 @@ def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
         extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
     )  # fmt: skip
     assert done.content[0].text == "Done reading."
-    sent = fake_anthropic.last
+    # The client's turn that carried the tool result (a background summariser call may have come after it).
+    sent = [
+        r for r in fake_anthropic.requests if r.body.get("thinking") and "tool_result" in str(r.body["messages"][-1])
+    ][-1]
     assert sent.body["thinking"]["block_binding"] == {"prefix_mismatch_behavior": "drop_block"}
     assert "thinking-binding-controls-2026-08-01" in sent.headers["anthropic-beta"]
     assert fake_anthropic.dropped_thinking >= 1
@@ -127,6 +130,6 @@ def test_a_server_compaction_block_goes_back_verbatim_and_in_place(
         extra_headers={"anthropic-beta": "context-management-2025-06-27"}, extra_body={"context_management": edits},
     )  # fmt: skip
     assert answer.content[0].text == "ok"
-    sent = fake_anthropic.last.body
+    sent = [r.body for r in fake_anthropic.requests if r.body.get("context_management")][-1]  # not a summariser call
     assert sent["messages"] == messages  # the block verbatim and in place, nothing summarised around it
     assert sent["context_management"] == edits
