@@ -37,6 +37,9 @@ def start(app_factory: Any, upstream_url: str, where: Location) -> Any:
         "leaf_target_tokens": 150,
         "large_file_token_threshold": 2500,
         "tool_result_token_threshold": 300,
+        # The fake upstream is on loopback, which the proxy takes for a one-slot local server and summarises for
+        # between turns; these tests read the summaries a first turn makes inline, as for a hosted upstream.
+        "background_yields": "never",
     }
     return app_factory(lcm=lcm, models=[model], api_keys=KEYS, where=where)
 

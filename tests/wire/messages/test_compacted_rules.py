@@ -12,6 +12,7 @@ import anthropic
 from tests.support.fake_anthropic import AReply, FakeAnthropic, claude_models
 
 THINKING = {"type": "enabled", "budget_tokens": 1024}
+WORDS = ["amber", "basalt", "cobalt", "dahlia", "ember", "fjord", "garnet", "heron", "indigo", "juniper", "kestrel"]
 BETAS = "interleaved-thinking-2025-05-14,context-management-2025-06-27"
 
 
@@ -26,7 +27,8 @@ def _long_session(proxy: Any, fake: FakeAnthropic, turns: int) -> tuple[anthropi
 
     fake.responder = reply
     for i in range(turns):
-        messages.append({"role": "user", "content": f"Turn {i}: " + "notes about the cache layer " * 40})
+        # Each turn has a word of its own: an excerpt of an early turn carries what the forwarded context lacks.
+        messages.append({"role": "user", "content": f"Turn {i}: {WORDS[i]}. " + "notes about the cache layer " * 40})
         answer = sdk.messages.create(
             model="claude-sonnet-4-5", max_tokens=600, thinking=THINKING, messages=messages,
             extra_headers={"x-claude-code-session-id": "s-1", "anthropic-beta": BETAS},
@@ -43,7 +45,7 @@ def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
     upstream_url: str,
 ) -> None:
     proxy = proxy_factory(
-        lcm={"fresh_tail_count": 4, "leaf_chunk_tokens": 600},
+        lcm={"fresh_tail_count": 4, "leaf_chunk_tokens": 600, "background_yields": "never"},  # compacts inline
         models=claude_models(fake_anthropic_server[1], upstream_url, window=2_400),
     )
     sdk, messages = _long_session(proxy, fake_anthropic, 10)
@@ -64,13 +66,13 @@ def test_after_a_compaction_thinking_and_breakpoints_keep_anthropics_rules(
     # A tool loop after the compaction: its thinking block goes back with the call; the API drops it (its prefix
     # changed) because the proxy asked, with the beta that makes the field valid.
     tool = {"name": "read", "description": "read a file", "input_schema": {"type": "object"}}
-    messages.append({"role": "user", "content": "read the notes"})
+    messages.append({"role": "user", "content": "read the notes about basalt"})
 
     def loop_reply(body: dict[str, Any]) -> AReply:  # the proxy's own summariser calls get a summary
         last = str(body["messages"][-1]["content"])
         if "tool_result" in last:
             return AReply(text="Done reading.")
-        if "read the notes" in last and body.get("thinking"):
+        if "read the notes about basalt" in last and body.get("thinking"):
             return AReply(thinking="I should read.", tool_uses=[{"id": "toolu_9", "name": "read", "input": {}}])
         return AReply(text="A summary.")
 
