@@ -6,7 +6,8 @@ leaves the *forwarded* view (never the store), oldest first, in this order:
 
 1. raw messages before the newest user message, a whole exchange at a time (a tool call with all its
    results: no cut falls where the dialect says a message continues the one before it), so the tail
-   shrinks before anything fails;
+   shrinks before anything fails; a quarter of the limit at a time (``EVICTION_STEPS``), so the cut stays
+   where it is while the next few turns are appended;
 2. summaries, oldest first (compaction condenses them to fit their room before it comes to this).
 
 The newest user message and everything after it are never dropped (``required_start``; in an agent's long
@@ -32,6 +33,13 @@ class Assembly:
     first_raw: int  # first raw seq forwarded; [upto, first_raw) did not fit
     upto: int  # first raw seq after the summaries
     tokens: int  # summaries (as one message) + raw messages
+
+
+# When raw messages must leave the view, they leave a quarter of the limit at a time: the cut falls at the first
+# whole exchange past a multiple of the step, so the following turns, each adding an exchange at the end, find
+# the same cut and forward the same prefix (a local server's slot, a provider's cache) until the view has grown
+# by a step, instead of moving the cut, and with it every token after it, on every turn.
+EVICTION_STEPS = 4
 
 
 class TooLarge(Exception):
@@ -85,11 +93,17 @@ def fit(
     kept = list(summaries)
     total = summary_tokens(kept, dialect) + raw
     first = upto
-    while total > limit and first < required:
+    step = max(1, limit // EVICTION_STEPS)
+    gone = target = 0  # tokens of raw messages left out, and to leave out: a whole number of steps
+    while first < required and (total > limit or gone < target):
+        if total > limit:
+            target = -(-(gone + total - limit) // step) * step
         end = first + 1
         while end < required and dialect.continues(roles[end - upto - 1], roles[end - upto]):
             end += 1  # the results of a call leave with it
-        total -= sum(costs[first - upto : end - upto])
+        cost = sum(costs[first - upto : end - upto])
+        total -= cost
+        gone += cost
         first = end
     evicted: list[str] = []
     while total > limit and kept:

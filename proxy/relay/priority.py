@@ -8,6 +8,11 @@ at once instead of queueing), and a chat request that arrives cancels the backgr
 is scheduled again by a later request. An inline compaction that overran its deadline becomes background
 work at that moment: the request it no longer holds up must not wait behind its summary either.
 
+On a machine too slow to write a summary in the pause between two turns, every summary would be cancelled
+and none ever written. After ``PREEMPTIONS_BEFORE_HOLDING`` background calls in a row were cancelled on a
+server, the next one started there is not: the chat request that arrives meanwhile waits for its end (once),
+and the calls after it yield again.
+
 Which upstreams yield is ``lcm_settings.background_yields``: ``auto`` (servers on this machine: loopback
 ``api_base``), ``always`` or ``never``. Keys are the deployment's ``api_base`` (one server, one queue).
 """
@@ -24,6 +29,7 @@ from proxy.engine.summarize import SummaryPreempted, Yielding
 from proxy.upstream.routing import ResolvedModel
 
 T = TypeVar("T")
+PREEMPTIONS_BEFORE_HOLDING = 2
 
 
 def is_local(api_base: str | None) -> bool:
@@ -43,6 +49,8 @@ class Priority:
         self.mode = mode
         self._busy: dict[str, int] = {}
         self._running: dict[str, dict[asyncio.Task[Any], Yielding]] = {}
+        self._preempted: dict[str, int] = {}  # background calls cancelled in a row, per server
+        self._held: set[asyncio.Task[Any]] = set()  # calls a chat request does not cancel
 
     def key(self, target: ResolvedModel) -> str | None:
         """The queue a deployment's requests share, or None when its background work need not yield."""
@@ -58,7 +66,7 @@ class Priority:
             return lambda: None
         self._busy[key] = self._busy.get(key, 0) + 1
         for task, mode in self._running.get(key, {}).items():
-            if mode.background:  # an inline sweep the user still waits for keeps its call
+            if mode.background and task not in self._held:  # an inline sweep the user waits for keeps its call
                 task.cancel()
         done = False
 
@@ -86,13 +94,19 @@ class Priority:
         task = asyncio.create_task(run())
         running = self._running.setdefault(key, {})
         running[task] = mode
+        if self._preempted.get(key, 0) >= PREEMPTIONS_BEFORE_HOLDING:
+            self._held.add(task)
         try:
-            return await asyncio.shield(task)
+            result = await asyncio.shield(task)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task.cancelled() and (current is None or not current.cancelling()):
+                self._preempted[key] = self._preempted.get(key, 0) + 1
                 raise SummaryPreempted("a chat request to the same upstream arrived") from None
             task.cancel()  # this caller was cancelled (shutdown): the call goes too
             raise
         finally:
             running.pop(task, None)
+            self._held.discard(task)
+        self._preempted[key] = 0
+        return result

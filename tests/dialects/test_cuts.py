@@ -5,6 +5,7 @@ call or message it produced. Each case is one where cutting at message granulari
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -88,20 +89,44 @@ def test_the_fresh_tail_starts_where_a_cut_may_fall(dialect: Dialect, messages: 
 
 def test_chat_cuts_where_the_engine_always_cut() -> None:
     """Before dialects the engine kept ``tool`` and ``function`` messages with the message before them,
-    whatever that was; the chat dialect's cuts are exactly those."""
+    whatever that was; the chat dialect's cuts are exactly those. Of them, the first that leaves out a whole
+    number of quarters of the limit, at least what must go."""
     roles = ["user", "assistant", "tool", "function", "user", "assistant", "tool", "assistant", "user", "function"]
     costs = [5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
     assert [cut_allowed(CHAT, roles, i) for i in range(len(roles))] == [r not in ("tool", "function") for r in roles]
     for limit in range(1, sum(costs) + 1):
-        first = 0
         required = 8  # the newest user message; what follows it always fits these limits or nothing does
         if sum(costs[required:]) > limit:
             continue
-        while sum(costs[first:]) > limit and first < required:
+        step = max(1, limit // 4)
+        must = max(0, sum(costs) - limit)  # tokens that must leave
+        quarters = -(-must // step) * step
+        first = 0
+        while first < required and sum(costs[:first]) < quarters:
             first += 1
             while first < required and roles[first] in ("tool", "function"):
                 first += 1
         assert fit(CHAT, [], 0, roles, costs, limit).first_raw == first, limit
+
+
+@pytest.mark.parametrize("limit", [300, 1000, 2000])
+def test_a_growing_conversation_moves_its_cut_once_a_quarter_of_the_limit(limit: int) -> None:
+    """Turn after turn an exchange is appended; the forwarded view starts at the same message until it has
+    grown by a quarter of the limit, so a cache (a llama.cpp slot, a provider's prefix cache) keeps it."""
+    roles: list[str] = []
+    costs: list[int] = []
+    cuts = []
+    for turn in range(200):
+        roles += ["user", "assistant"]
+        costs += [40 + turn % 7 * 9, 60 + turn % 5 * 11]
+        assembly = fit(CHAT, [], 0, roles, costs, limit)
+        assert assembly.tokens <= limit
+        assert assembly.tokens > limit * 3 // 4 - max(costs) * 2 or assembly.first_raw == 0  # not emptied
+        cuts.append(assembly.first_raw)
+    grown = sum(costs) - limit
+    moves = sum(1 for a, b in itertools.pairwise(cuts) if a != b)
+    assert moves <= grown // (limit // 4) + 1
+    assert cuts == sorted(cuts)  # the cut only moves forward
 
 
 def test_a_responses_turn_stays_whole_from_its_reasoning_to_its_outputs() -> None:

@@ -108,3 +108,37 @@ def turn_after_background_summary(proxy_factory: Any, lcm: dict[str, Any]) -> li
 def test_only_servers_on_this_machine_yield_by_default() -> None:
     assert is_local("http://127.0.0.1:8080/v1") and is_local("http://localhost:11434") and is_local("http://[::1]:1")
     assert not is_local("https://api.openai.com/v1") and not is_local(None) and not is_local("http://10.0.0.5:8000")
+
+
+def test_a_summary_cancelled_twice_in_a_row_runs_to_its_end_the_third_time() -> None:
+    """On a machine too slow to write a summary between two turns, yielding every time would mean no summary is
+    ever written: the third call in a row is held (the chat request that arrives waits for it), and once one
+    has finished, the next yields again."""
+    from proxy.engine.summarize import SummaryPreempted, Yielding
+    from proxy.relay.priority import PREEMPTIONS_BEFORE_HOLDING, Priority
+
+    async def scenario() -> list[str]:
+        priority = Priority("always")
+        outcomes: list[str] = []
+        for _ in range(PREEMPTIONS_BEFORE_HOLDING + 2):
+            started = asyncio.Event()
+            release = asyncio.Event()
+
+            async def call(started: asyncio.Event = started, release: asyncio.Event = release) -> str:
+                started.set()
+                await release.wait()
+                return "summary"
+
+            background = asyncio.create_task(priority.background("llama", call, Yielding(background=True)))
+            await started.wait()
+            leave = priority.enter("llama")  # the user's next turn arrives while the summary runs
+            release.set()
+            try:
+                outcomes.append(await background)
+            except SummaryPreempted:
+                outcomes.append("preempted")
+            leave()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == ["preempted"] * PREEMPTIONS_BEFORE_HOLDING + ["summary", "preempted"]
