@@ -8,10 +8,10 @@ at once instead of queueing), and a chat request that arrives cancels the backgr
 is scheduled again by a later request. An inline compaction that overran its deadline becomes background
 work at that moment: the request it no longer holds up must not wait behind its summary either.
 
-On a machine too slow to write a summary in the pause between two turns, every summary would be cancelled
-and none ever written. After ``PREEMPTIONS_BEFORE_HOLDING`` background calls in a row were cancelled on a
-server, the next one started there is not: the chat request that arrives meanwhile waits for its end (once),
-and the calls after it yield again.
+On a machine too slow to write a summary in the pause between two turns (or a server never idle), every
+summary would be cancelled or refused and none ever written. After ``PREEMPTIONS_BEFORE_HOLDING`` background
+calls in a row gave way on a server, the next one there does not: it starts even behind a chat request, and
+the chat request that arrives meanwhile waits for its end (once); the calls after it yield again.
 
 Which upstreams yield is ``lcm_settings.background_yields``: ``auto`` (servers on this machine: loopback
 ``api_base``), ``always`` or ``never``. Keys are the deployment's ``api_base`` (one server, one queue).
@@ -85,7 +85,9 @@ class Priority:
         than queue behind it (the sweep keeps what it finished and a later request schedules the rest)."""
         if key is None or mode is None:  # no sweep (an operator's compact): nothing to give way to
             return await call()
-        if mode.background and self._busy.get(key):
+        hold = self._preempted.get(key, 0) >= PREEMPTIONS_BEFORE_HOLDING
+        if mode.background and self._busy.get(key) and not hold:
+            self._preempted[key] = self._preempted.get(key, 0) + 1
             raise SummaryPreempted("a chat request to the same upstream is in flight")
 
         async def run() -> T:
@@ -94,7 +96,7 @@ class Priority:
         task = asyncio.create_task(run())
         running = self._running.setdefault(key, {})
         running[task] = mode
-        if self._preempted.get(key, 0) >= PREEMPTIONS_BEFORE_HOLDING:
+        if hold:
             self._held.add(task)
         try:
             result = await asyncio.shield(task)

@@ -142,3 +142,27 @@ def test_a_summary_cancelled_twice_in_a_row_runs_to_its_end_the_third_time() -> 
 
     outcomes = asyncio.run(scenario())
     assert outcomes == ["preempted"] * PREEMPTIONS_BEFORE_HOLDING + ["summary", "preempted"]
+
+
+def test_a_summary_refused_twice_because_the_server_is_busy_starts_the_third_time() -> None:
+    """A server never idle (parallel conversations) would refuse every background call; the third in a row
+    starts behind the chat request in flight."""
+    from proxy.engine.summarize import SummaryPreempted, Yielding
+    from proxy.relay.priority import PREEMPTIONS_BEFORE_HOLDING, Priority
+
+    async def call() -> str:
+        return "summary"
+
+    async def scenario() -> list[str]:
+        priority = Priority("always")
+        leave = priority.enter("llama")  # a chat request stays in flight throughout
+        outcomes: list[str] = []
+        for _ in range(PREEMPTIONS_BEFORE_HOLDING + 1):
+            try:
+                outcomes.append(await priority.background("llama", call, Yielding(background=True)))
+            except SummaryPreempted:
+                outcomes.append("refused")
+        leave()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["refused"] * PREEMPTIONS_BEFORE_HOLDING + ["summary"]

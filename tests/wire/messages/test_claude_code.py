@@ -70,7 +70,10 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
 
     def wants_bash(body: dict[str, Any]) -> bool:
         """The first turn, asking to read notes.txt: one Bash call, once (later turns may quote it)."""
-        if asked or "use bash" not in str(body["messages"][-1]["content"]):
+        # The newest user message: in a chat request Claude Code's environment block may come after it as a
+        # system message (and a recalled excerpt of turn 1 may quote it later, hence once).
+        newest = next(m for m in reversed(body["messages"]) if m.get("role") in ("user", "tool"))
+        if asked or newest["role"] != "user" or "use bash" not in str(newest["content"]):
             return False
         asked.append(True)
         return True
@@ -85,7 +88,7 @@ def test_claude_code_runs_a_long_session_and_its_own_compaction_loses_nothing(
         return AReply(text="D'accord, noté.")
 
     def answer_chat(body: dict[str, Any]) -> Reply:
-        if body.get("tools") and wants_bash(body) and body["messages"][-1].get("role") == "user":
+        if body.get("tools") and wants_bash(body):
             call = {
                 "id": "call_bash1",
                 "type": "function",
