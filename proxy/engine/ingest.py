@@ -191,9 +191,10 @@ class Ingestor:
         """What to forward: the request's own list, or a copy with the stored stubs applied."""
         conversation_id, action, appended, forked_from = outcome
         transcript = incoming.transcript
-        q = reads_for(self.store, len(transcript))  # every message of the transcript: off the loop when long
-        overrides = await q.forward_overrides(conversation_id, len(transcript))
-        forwarded_tokens, sent_tokens = await q.token_sums(conversation_id, len(transcript))
+        # The overrides of the whole transcript (its stubs: off the loop when long); the token sums are two stored
+        # running sums (``proxy.store.running``), read on the request path however long the transcript.
+        overrides = await reads_for(self.store, len(transcript)).forward_overrides(conversation_id, len(transcript))
+        forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
         instruction_tokens = count_messages(incoming.dialect, instructions)
         forwarded = list(instructions)
         changed = False
