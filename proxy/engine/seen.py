@@ -156,6 +156,8 @@ class Seen:
         for old in [fingerprint.entry, *same]:
             if old is not None and old.scope == scope:
                 self._drop(old)
+        if len(chains or ()) > self.max_chains:
+            return  # a transcript past the whole bound is not kept (and evicts nothing)
         entry = _Entry(
             fingerprint.key, fingerprint.checkpoints, scope if chains is not None else None, chains,
             fingerprint.validated,
@@ -163,8 +165,8 @@ class Seen:
         self._buckets.setdefault(fingerprint.key, []).insert(0, entry)
         self._lru[id(entry)] = entry
         self._chains += len(chains or ())
-        while len(self._lru) > self.max_entries or (self._chains > self.max_chains and len(self._lru) > 1):
-            self._drop(next(iter(self._lru.values())))
+        while len(self._lru) > self.max_entries or self._chains > self.max_chains:
+            self._drop(next(iter(self._lru.values())))  # least recently used first
 
     def _drop(self, entry: _Entry) -> None:
         if self._lru.pop(id(entry), None) is None:

@@ -92,6 +92,11 @@ def test_the_memo_is_bounded() -> None:
     for i in range(20):
         chains(seen, "s", transcript(3, f"conversation {i}"))
     assert seen.entries == 3
+    seen = Seen(max_chains=500)
+    chains(seen, "s", transcript(100))
+    chains(seen, "s", transcript(600, "too long"))  # more than the whole memo may hold: not kept, evicts nothing
+    assert seen.entries == 1
+    assert chains(seen, "s", transcript(600, "too long")) == (0, chain_hashes("s", transcript(600, "too long")[1:]))
 
 
 def test_what_orjson_cannot_write_back_is_handled_in_full() -> None:
