@@ -33,13 +33,14 @@ from proxy.config.lcm import LcmSettings
 from proxy.config.loading import parse_config
 from proxy.engine import auto_recall, ingest
 from proxy.engine.engine import Budget, ContextEngine
+from proxy.engine.seen import Seen
 from proxy.engine.standing.intake import Intake
 from proxy.engine.sweeps import Sweeps
 from proxy.store.files import FileStore
 from proxy.store.sqlite.store import SQLiteStore
 from proxy.store.sqlite.writes import WriteTransaction
 from proxy.tokens import count_text
-from proxy.wire.chat.validation import validate_chat_request
+from proxy.wire.chat.validation import fingerprint, validate_chat_request
 from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve_in_thread
 
@@ -48,6 +49,7 @@ BIG, SMALL = 1_000_000, 8192  # windows: nothing compacts / the conversation is 
 KINDS = ("first turn", "continue", "continue (compacted)", "re-send")
 PIECES = (
     "parse body",
+    "fingerprint (messages seen before)",
     "validate",
     "hashing (canonical form, chain)",
     "identity (lookup)",
@@ -65,7 +67,7 @@ PIECES = (
 
 
 def install(pieces: Pieces) -> None:
-    pieces.wrap(ingest, "_chains", "hashing (canonical form, chain)")
+    pieces.wrap(Seen, "chains", "hashing (canonical form, chain)")
     pieces.wrap(ingest, "locate", "identity (lookup)")
     pieces.wrap(ingest, "locate_locked", "identity (lookup)")
     pieces.wrap(ingest.Ingestor, "prepare_message", "rows (canonical JSON, token counts, text)")
@@ -112,9 +114,11 @@ class InProcess:
         start = time.perf_counter()
         with self.pieces.timing("parse body"):
             parsed = orjson.loads(body)
+        with self.pieces.timing("fingerprint (messages seen before)"):
+            seen = fingerprint(self.engine.seen, "tenant", parsed)  # as the chat door does
         with self.pieces.timing("validate"):
-            validate_chat_request(parsed)
-        prepared = await self.engine.prepare(scope, parsed["messages"], budget, InstantSummarizer())
+            validate_chat_request(parsed, seen)
+        prepared = await self.engine.prepare(scope, parsed["messages"], budget, InstantSummarizer(), seen=seen)
         with self.pieces.timing("serialise forwarded body"):
             orjson.dumps({"model": "m", "messages": prepared.messages})
         took = time.perf_counter() - start

@@ -93,11 +93,14 @@ def chain_next(previous: str, message: Message, dialect: str = dialects.CHAT.nam
     return hashlib.sha256(previous.encode() + canonical_bytes(message, dialect)).hexdigest()[:32]
 
 
-def chain_hashes(scope: str, messages: Messages, dialect: str = dialects.CHAT.name) -> list[str]:
-    """``result[i]`` identifies ``messages[: i + 1]`` (of wire format ``dialect``) within ``scope``."""
-    previous = chain_root(scope, dialect)
-    out: list[str] = []
-    for message in messages:
+def chain_hashes(
+    scope: str, messages: Messages, dialect: str = dialects.CHAT.name, known: list[str] | None = None
+) -> list[str]:
+    """``result[i]`` identifies ``messages[: i + 1]`` (of wire format ``dialect``) within ``scope``. ``known``:
+    the chain hashes of the first messages, already worked out (only the messages after them are hashed)."""
+    out = list(known or ())
+    previous = out[-1] if out else chain_root(scope, dialect)
+    for message in messages[len(out) :]:
         previous = chain_next(previous, message, dialect)
         out.append(previous)
     return out

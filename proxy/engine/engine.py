@@ -35,6 +35,7 @@ from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
 from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import summaries_text
+from proxy.engine.seen import Fingerprint, Seen
 from proxy.engine.standing import Standing
 from proxy.engine.summarize import Guard, Summarizer
 from proxy.engine.sweeps import Sweeps
@@ -99,7 +100,10 @@ class ContextEngine:
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
         default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
         thresholds = Thresholds(default.large_file, default.tool_result)
-        self.ingestor = Ingestor(store, files, thresholds, self.guard, settings.standing_instructions != "off")
+        self.seen = Seen()  # transcripts this process handled: a re-sent prefix is not validated or hashed again
+        self.ingestor = Ingestor(
+            store, files, thresholds, self.guard, settings.standing_instructions != "off", seen=self.seen
+        )
         self.compactor = Compactor(store, settings, self.guard)
         self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
@@ -121,10 +125,12 @@ class ContextEngine:
         dialect: Dialect = CHAT,
         continues: bool = False,
         link_key: str | None = None,
+        seen: Fingerprint | None = None,
     ) -> Preparation:
         """The fast half of ``prepare``: ingest, the refusal check, and the start of an inline compaction when
         one is needed (``Preparation.compacting``); ``finish`` waits for it and assembles. A streamed request
-        can send its headers in between. ``messages`` are in the wire format ``dialect`` reads."""
+        can send its headers in between. ``messages`` are in the wire format ``dialect`` reads; ``seen``: the
+        door's fingerprint of them (``proxy.engine.seen``)."""
         instructions, _ = split_instructions(dialect, messages)
         instruction_tokens = count_messages(dialect, instructions) if instructions else 0
         limit = request_budget.for_messages(instruction_tokens)
@@ -141,6 +147,7 @@ class ContextEngine:
             dialect=dialect,
             continues=continues,
             link_key=link_key,
+            seen=seen,
         )
         if ingested.conversation_id is None:
             done = Prepared(None, messages, ingested.tokens_sent, ingested.tokens_sent, "none", limit, dialect=dialect)

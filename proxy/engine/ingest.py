@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 import orjson
 
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
-from proxy.engine.canonical import chain_hashes
 from proxy.engine.chunks import ChunkBounds, NeedsPreparation, Outcome, chunk_end, store_in_chunks
 from proxy.engine.compaction import covering_prefix
 from proxy.engine.explore import TextSummarizer
@@ -38,7 +37,8 @@ from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
-from proxy.engine.rows import OFF_LOOP_CHARS, ToolNames, prepare_message, weight
+from proxy.engine.rows import ToolNames, prepare_message
+from proxy.engine.seen import Fingerprint, Seen
 from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
@@ -100,6 +100,7 @@ class Ingestor:
         guard: Guard | None = None,
         standing: bool = True,
         chunks: ChunkBounds | None = None,
+        seen: Seen | None = None,
     ) -> None:
         self.store = store
         self.files = files
@@ -107,6 +108,7 @@ class Ingestor:
         self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
         self.standing = standing  # keep the ledger of standing instructions (``proxy.engine.standing``)
         self.chunks = chunks or ChunkBounds()  # what one write transaction appends at most (``proxy.engine.chunks``)
+        self.seen = seen if seen is not None else Seen()  # transcripts handled before (``proxy.engine.seen``)
 
     async def ingest(
         self,
@@ -120,19 +122,21 @@ class Ingestor:
         dialect: Dialect = CHAT,
         continues: bool = False,
         link_key: str | None = None,
+        seen: Fingerprint | None = None,
     ) -> IngestResult:
         """Store what is new in ``messages`` (of ``dialect``); ``thresholds`` (the request's, scaled to its
         model's window) decide what is intercepted, by default the ingestor's own. ``continues``: the client
-        replaced its transcript with its own summary (``Incoming.continues``)."""
+        replaced its transcript with its own summary (``Incoming.continues``). ``seen``: the door's fingerprint
+        of ``messages`` (``proxy.engine.seen``), else the ingestor takes one."""
         instructions, transcript = split_instructions(dialect, messages)
         if not transcript:
             count = count_messages(dialect, messages)
             return IngestResult(None, "none", 0, None, messages, count, count)
         instructions_json = orjson.dumps(instructions).decode() if instructions else None
+        chains = await self.seen.chains(scope, messages, len(instructions), dialect.name, seen)
         incoming = Incoming(
-            scope, transcript, await _chains(scope, transcript, dialect), conversation_key, instructions_json, model,
-            dialect, continues, link_key,
-        )  # fmt: skip
+            scope, transcript, chains, conversation_key, instructions_json, model, dialect, continues, link_key
+        )
         limits = thresholds or self.thresholds
         explorations: dict[str, str] = {}
         explorer = self.explorer(scope, summarizer, explorations)
@@ -187,9 +191,10 @@ class Ingestor:
         """What to forward: the request's own list, or a copy with the stored stubs applied."""
         conversation_id, action, appended, forked_from = outcome
         transcript = incoming.transcript
-        q = reads_for(self.store, len(transcript))  # every message of the transcript: off the loop when long
-        overrides = await q.forward_overrides(conversation_id, len(transcript))
-        forwarded_tokens, sent_tokens = await q.token_sums(conversation_id, len(transcript))
+        # The overrides of the whole transcript (its stubs: off the loop when long); the token sums are two stored
+        # running sums (``proxy.store.running``), read on the request path however long the transcript.
+        overrides = await reads_for(self.store, len(transcript)).forward_overrides(conversation_id, len(transcript))
+        forwarded_tokens, sent_tokens = await self.store.read.token_sums(conversation_id, len(transcript))
         instruction_tokens = count_messages(incoming.dialect, instructions)
         forwarded = list(instructions)
         changed = False
@@ -372,14 +377,6 @@ class Ingestor:
     ) -> tuple[Interception, NewMessage]:
         """``proxy.engine.rows.prepare_message``, through the ingestor (where tests observe it)."""
         return await prepare_message(interceptor, message, chain, tool_names, batch)
-
-
-async def _chains(scope: str, transcript: Messages, dialect: Dialect) -> list[str]:
-    # Hashing canonical forms is CPU work proportional to the request: a large one goes to a worker thread,
-    # so that the event loop keeps serving other requests meanwhile.
-    if weight(transcript) >= OFF_LOOP_CHARS:
-        return await asyncio.to_thread(chain_hashes, scope, transcript, dialect.name)
-    return chain_hashes(scope, transcript, dialect.name)
 
 
 def _plain_retry(guess: Located, incoming: Incoming) -> bool:

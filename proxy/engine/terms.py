@@ -182,9 +182,9 @@ def content_words(text: str) -> set[str]:
     of three letters or more that are not ``STOPWORDS``. Auto-recall compares an excerpt's with the forwarded
     context's to tell whether the excerpt adds anything."""
     out: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        word = _fold(match.group())
-        numeric = any(c.isdigit() for c in word)
+    for token in set(_TOKEN.findall(text)):  # each distinct token once: a long context repeats most of its words
+        word = _fold(token)
+        numeric = not word.isalpha() and any(map(str.isdigit, word))  # (a letter is never a digit)
         if (numeric and len(word) >= 2) or (not numeric and len(word) >= 3 and word not in STOPWORDS):
             out.add(word)
     return out

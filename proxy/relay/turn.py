@@ -19,6 +19,7 @@ from proxy.dialects import CHAT, Dialect
 from proxy.engine.engine import Budget, ContextEngine, Preparation, Prepared
 from proxy.engine.errors import ContextTooLong
 from proxy.engine.recall import RecallTools
+from proxy.engine.seen import Fingerprint
 from proxy.errors import UpstreamError
 from proxy.relay.policy import ModelPolicy
 from proxy.relay.priority import Priority
@@ -66,6 +67,7 @@ class Call:
     reserved: int = 0  # tokens the door adds to every request besides the transcript (kept instructions)
     continues: bool = False  # the client compacted its transcript itself (``ContextEngine.begin``)
     link_key: str | None = None  # a sub-agent's request: the key of the conversation that started it
+    seen: Fingerprint | None = None  # the door's fingerprint of the transcript (``proxy.engine.seen``)
 
     @property
     def transcript(self) -> Messages:
@@ -112,6 +114,7 @@ class Call:
             dialect=self.dialect,
             continues=self.continues,
             link_key=self.link_key,
+            seen=self.seen,
         )
 
     def after(self, prepared: Prepared | None) -> Callable[[], Awaitable[Any]] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
@@ -334,3 +335,26 @@ def test_content_words_keep_what_tells_messages_apart() -> None:
     assert content_words("For the staging database, the owner is now K01234; it is 5 PM.") == {
         "staging", "database", "owner", "k01234",
     }  # fmt: skip
+
+
+def test_content_words_read_each_distinct_token_as_every_occurrence_would() -> None:
+    """``content_words`` folds each distinct token once (a long forwarded context repeats most of its words):
+    the same set as judging every occurrence, whatever the script, digit kind or case."""
+    from proxy.engine import terms
+
+    def every_occurrence(text: str) -> set[str]:
+        out: set[str] = set()
+        for match in terms._TOKEN.finditer(text):
+            word = terms._fold(match.group())
+            numeric = any(c.isdigit() for c in word)
+            if (numeric and len(word) >= 2) or (not numeric and len(word) >= 3 and word not in terms.STOPWORDS):
+                out.add(word)
+        return out
+
+    rng = random.Random(3)
+    alphabet = "abcdeXYZ0189 _-.\n²³①ⅫéÉßİıǅ٣५𝟘ﬁ"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        assert content_words(text) == every_occurrence(text), text
+    text = " ".join(FILLER) * 50
+    assert content_words(text) == every_occurrence(text)

@@ -36,11 +36,13 @@ KNOWN_SHAPE: dict[str, Any] = {
 }
 
 
-def check_part_counts(body: dict[str, Any]) -> None:
+def check_part_counts(body: dict[str, Any], known: range = range(0)) -> None:
+    """``known``: indexes of messages that met every bound before, with the same values (not looked at)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return
-    for i, message in enumerate(messages):
+    for i in (*range(known.start), *range(known.stop, len(messages))):
+        message = messages[i]
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and len(content) > MAX_CONTENT_PARTS:
             raise invalid(
@@ -81,11 +83,16 @@ def _path_to(node: _Node) -> list[str | int]:
     return path[::-1]
 
 
-def check_depth(body: dict[str, Any]) -> None:
+def check_depth(body: dict[str, Any], known: range = range(0)) -> None:
     """Refuse a body nested more than ``MAX_DEPTH`` levels, before anything recursive looks at it.
 
     Every request pays for this walk, so the common case is a plain breadth-first pass, one level at a time,
-    that keeps nothing per value; only a body that is too deep is walked again to name the field."""
+    that keeps nothing per value; only a body that is too deep is walked again to name the field. ``known``:
+    indexes of messages that met the bound before, with the same values (at the same depth: each is an item
+    of the body's ``messages``), left out of the walk."""
+    original, messages = body, body.get("messages")
+    if known and isinstance(messages, list):
+        body = {**body, "messages": [*messages[: known.start], *messages[known.stop :]]}
     level: list[Any] = [body]
     for _ in range(MAX_DEPTH):
         deeper: list[Any] = []
@@ -95,7 +102,7 @@ def check_depth(body: dict[str, Any]) -> None:
         if not deeper:
             return
         level = deeper
-    _name_the_deep_field(body)
+    _name_the_deep_field(original)
 
 
 def _name_the_deep_field(body: dict[str, Any]) -> None:

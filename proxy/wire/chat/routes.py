@@ -26,7 +26,7 @@ from proxy.scopes import user_scope
 from proxy.wire.auth import request_user
 from proxy.wire.chat.answer import SSE_HEADERS
 from proxy.wire.chat.forward import forward
-from proxy.wire.chat.validation import validate_chat_request
+from proxy.wire.chat.validation import fingerprint, validate_chat_request
 from proxy.wire.http import REPORTED, error_response, read_json_body, to_proxy_error
 from proxy.wire.sse import sse_event
 from proxy.wire.streaming import ClosingStream, aclose_iterator
@@ -65,9 +65,12 @@ async def chat_completions(request: Request) -> Response:
     try:
         tenant = state.auth.tenant_for(request)
         settings = state.config.general_settings
-        body = validate_chat_request(await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout))
+        raw = await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
+        seen = fingerprint(state.engine.seen, tenant, raw)  # the messages this tenant sent before are not checked again
+        body = validate_chat_request(raw, seen)
         scope = user_scope(tenant, request_user(request, body.get("user")))  # the end user's, when it names one
         call = Call(state, scope, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)
+        call.seen = seen
         call.gone = request.is_disconnected
         prepared: Prepared | None = None
         if state.config.lcm_settings.enabled:

@@ -7,6 +7,10 @@ so only the fields whose meaning we know are checked here, against OpenAI's publ
 
 First the bounds of the body (``limits``: content parts, nesting depth), then the messages (``messages``), then
 the request's other parameters (here); ``refusals`` spells the 400s.
+
+Messages the door validated before, in an earlier request of the same tenant, are not checked again: ``seen``
+(``proxy.engine.seen``) proves by their serialised bytes that they have the very values that passed then, and
+every check of a message depends on its value alone. The rest of the body is checked in full, every time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from proxy.dialects.chat import INSTRUCTION_ROLES
+from proxy.engine.seen import Fingerprint, Seen
 from proxy.errors import InvalidRequestError
 from proxy.types import ChatBody
 from proxy.wire.chat.limits import check_depth, check_part_counts
@@ -119,16 +125,34 @@ CHECKS: tuple[Callable[[ChatBody], None], ...] = (
 )
 
 
-def validate_chat_request(body: Any) -> ChatBody:
-    """Return ``body`` if it is a well-formed chat completion request, else raise ``InvalidRequestError``."""
+def fingerprint(seen: Seen, tenant: str, body: Any) -> Fingerprint | None:
+    """The fingerprint of ``body``'s transcript among what ``tenant`` sent before (any JSON value: this comes
+    before validation); ``validate_chat_request`` skips what it shows was validated already."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return None
+    start = 0  # leading instructions, as the chat dialect splits them off a valid list
+    while start < len(messages) and isinstance(messages[start], dict):
+        if messages[start].get("role") not in INSTRUCTION_ROLES:
+            break
+        start += 1
+    return seen.look(tenant, "chat", messages, start)
+
+
+def validate_chat_request(body: Any, seen: Fingerprint | None = None) -> ChatBody:
+    """Return ``body`` if it is a well-formed chat completion request, else raise ``InvalidRequestError``.
+    ``seen``: ``body``'s fingerprint (``fingerprint``); its messages validated before are not checked again,
+    and it is marked validated when the whole body passes."""
+    describes = seen is not None and isinstance(body, dict) and seen.fits(body.get("messages"), seen.start, "chat")
+    known = seen.valid_span if seen is not None and describes else range(0)
     if not isinstance(body, dict):
         raise InvalidRequestError(
             f"The request body must be a JSON object, got {type_name(body)}.",
             param=None,
             code="invalid_body",
         )
-    check_part_counts(body)
-    check_depth(body)
+    check_part_counts(body, known)
+    check_depth(body, known)
     model = body.get("model")
     if model is None:
         raise InvalidRequestError(
@@ -145,8 +169,8 @@ def validate_chat_request(body: Any) -> ChatBody:
     expect(messages, list, "messages", "an array of message objects")
     if not messages:
         raise invalid("messages", "must contain at least one message.")
-    for i, message in enumerate(messages):
-        check_message(message, f"messages[{i}]")
+    for i in (*range(known.start), *range(known.stop, len(messages))):
+        check_message(messages[i], f"messages[{i}]")
     _number(body, "temperature", 0, 2)
     _number(body, "top_p", 0, 1)
     _number(body, "presence_penalty", -2, 2)
@@ -157,4 +181,6 @@ def validate_chat_request(body: Any) -> ChatBody:
     _number(body, "top_logprobs", 0, 20, integer=True)
     for check in CHECKS:
         check(body)
+    if seen is not None and describes:
+        seen.validated = True
     return body
