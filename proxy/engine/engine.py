@@ -408,7 +408,7 @@ class ContextEngine:
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
         """Start a background compaction if the request crossed the soft threshold, or if its inline compaction
         overran the deadline and gave way to it (one per conversation)."""
-        if prepared.compaction not in ("scheduled", "deferred") or prepared.conversation_id is None:
+        if prepared.compaction not in ("scheduled", "deferred", "evicted") or prepared.conversation_id is None:
             return False
         conversation_id, sizes = prepared.conversation_id, prepared.sizes
         running = self.sweeps.current(conversation_id)

@@ -119,7 +119,7 @@ class Call:
 
     def after(self, prepared: Prepared | None) -> Callable[[], Awaitable[Any]] | None:
         """The compaction the request calls for, once its response is sent."""
-        if prepared is None or prepared.compaction not in ("scheduled", "deferred"):
+        if prepared is None or prepared.compaction not in ("scheduled", "deferred", "evicted"):
             return None
         engine, summarizer = self.state.engine, self.summarizer
 

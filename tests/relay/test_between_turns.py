@@ -74,6 +74,10 @@ def test_a_local_server_summarises_between_turns_and_the_prefix_holds_in_between
         assert [c.summary for c in slot.calls[before:after]] == [False], slot.calls[before:after]
     # The long turns arrived over their share: answered from what fits, compacted after the answer.
     assert "evicted" in {spans[turn][2] for turn in range(8, 36, 9)}
+    # An evicted turn is compacted after its answer too: before, it scheduled nothing, and once every turn
+    # needed eviction no summary was written again. The next turn that is not evicted follows a summary.
+    evicted = [turn for turn, span in enumerate(spans) if span[2] == "evicted"]
+    assert all(spans[turn + 1][2] != "evicted" for turn in evicted if turn + 1 < len(spans)), spans
     assert slot.summary_calls(), "the chat outgrew the window: compaction must have run"
     assert all(c.status == 200 for c in slot.calls)  # every request fit the server's window
     # Between two compactions the forwarded requests only grow: each repeats the one before it up to the
