@@ -410,6 +410,8 @@ class ContextEngine:
         overran the deadline and gave way to it (one per conversation)."""
         if prepared.compaction not in ("scheduled", "deferred", "evicted") or prepared.conversation_id is None:
             return False
+        if prepared.compaction == "evicted" and not getattr(summarizer, "between_turns", False):
+            return False  # an inline sweep ran for it and did what it could; the next request over the limit retries
         conversation_id, sizes = prepared.conversation_id, prepared.sizes
         running = self.sweeps.current(conversation_id)
         if running is not None:
