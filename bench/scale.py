@@ -115,7 +115,7 @@ class InProcess:
         with self.pieces.timing("parse body"):
             parsed = orjson.loads(body)
         with self.pieces.timing("fingerprint (messages seen before)"):
-            seen = fingerprint(self.engine.seen, "tenant", parsed)  # as the chat door does
+            seen = await fingerprint(self.engine.seen, "tenant", parsed, len(body))  # as the chat door does
         with self.pieces.timing("validate"):
             validate_chat_request(parsed, seen)
         prepared = await self.engine.prepare(scope, parsed["messages"], budget, InstantSummarizer(), seen=seen)

@@ -66,7 +66,10 @@ async def chat_completions(request: Request) -> Response:
         tenant = state.auth.tenant_for(request)
         settings = state.config.general_settings
         raw = await read_json_body(request, settings.max_body_bytes, settings.body_read_timeout)
-        seen = fingerprint(state.engine.seen, tenant, raw)  # the messages this tenant sent before are not checked again
+        length = request.headers.get("content-length", "")
+        size = int(length) if length.isdigit() else 0
+        # The messages this tenant sent before are not checked again (a large body is measured off the loop).
+        seen = await fingerprint(state.engine.seen, tenant, raw, size)
         body = validate_chat_request(raw, seen)
         scope = user_scope(tenant, request_user(request, body.get("user")))  # the end user's, when it names one
         call = Call(state, scope, state.router.resolve(body["model"]), body, _conversation_key(request), arrived)

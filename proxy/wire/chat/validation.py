@@ -15,11 +15,12 @@ every check of a message depends on its value alone. The rest of the body is che
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from proxy.dialects.chat import INSTRUCTION_ROLES
-from proxy.engine.seen import Fingerprint, Seen
+from proxy.engine.seen import Fingerprint, Seen, measure
 from proxy.errors import InvalidRequestError
 from proxy.types import ChatBody
 from proxy.wire.chat.limits import check_depth, check_part_counts
@@ -125,9 +126,14 @@ CHECKS: tuple[Callable[[ChatBody], None], ...] = (
 )
 
 
-def fingerprint(seen: Seen, tenant: str, body: Any) -> Fingerprint | None:
+# Bodies above this many bytes are measured (serialised and hashed) in a worker thread: the event loop stays free.
+MEASURE_ON_LOOP_BYTES = 1 << 20
+
+
+async def fingerprint(seen: Seen, tenant: str, body: Any, size: int = 0) -> Fingerprint | None:
     """The fingerprint of ``body``'s transcript among what ``tenant`` sent before (any JSON value: this comes
-    before validation); ``validate_chat_request`` skips what it shows was validated already."""
+    before validation); ``validate_chat_request`` skips what it shows was validated already. ``size``: the
+    body's length in bytes, when known."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         return None
@@ -136,7 +142,10 @@ def fingerprint(seen: Seen, tenant: str, body: Any) -> Fingerprint | None:
         if messages[start].get("role") not in INSTRUCTION_ROLES:
             break
         start += 1
-    return seen.look(tenant, "chat", messages, start)
+    if size <= MEASURE_ON_LOOP_BYTES:
+        return seen.look(tenant, "chat", messages, start)
+    measured = await asyncio.to_thread(measure, tenant, "chat", messages, start)  # pure: no shared state
+    return seen.match(measured) if measured is not None else None
 
 
 def validate_chat_request(body: Any, seen: Fingerprint | None = None) -> ChatBody:
