@@ -36,6 +36,7 @@ from proxy.engine.intercept import apply_patches
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import summaries_text
 from proxy.engine.standing import Standing
+from proxy.engine.standing.reader import LedgerReader
 from proxy.engine.summarize import Guard, Summarizer
 from proxy.engine.sweeps import Sweeps
 from proxy.store.base import Blobs, Store, reads_for
@@ -99,8 +100,12 @@ class ContextEngine:
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
         default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
         thresholds = Thresholds(default.large_file, default.tool_result)
-        self.ingestor = Ingestor(store, files, thresholds, self.guard, settings.standing_instructions != "off")
-        self.compactor = Compactor(store, settings, self.guard)
+        standing = settings.standing_instructions != "off"
+        self.ingestor = Ingestor(store, files, thresholds, self.guard, standing)
+        # Messages are read for standing instructions after the response, or before the ledger is needed.
+        self.reader = LedgerReader(store, files, standing)
+        self._unread: set[str] = set()  # conversations with messages stored by this process's requests, not read
+        self.compactor = Compactor(store, settings, self.guard, self.reader.catch_up)
         self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
@@ -149,12 +154,20 @@ class ContextEngine:
         if ingested.forked_from is not None and parent_task is None:
             await self._adopt(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(scope, ingested.conversation_id)
-        standing = await self._standing(conversation.id)
-        if standing.items:  # the budget keeps what the conversation's standing instructions take
-            reserve = standing.reserve(budget.ledger_room(self.settings, limit), budget.compact_ledger(limit))
-            sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None), reserve)
+        if self.reader.enabled and conversation.ledger_upto < conversation.message_count:
+            if len(self._unread) > 10_000:  # responses that never ended: their reads wait for the next need
+                self._unread.clear()
+            self._unread.add(conversation.id)  # read after the response (``after_response``)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
+        window = getattr(summarizer, "window", None)
+        if parent_task is None and self._plain_whatever_the_ledger(conversation, view, count, limit, window):
+            standing = Standing.of([])  # forwarded as sent: the ledger is neither forwarded nor reserved for
+        else:
+            standing = await self._standing(conversation)
+        if standing.items:  # the budget keeps what the conversation's standing instructions take
+            reserve = standing.reserve(budget.ledger_room(self.settings, limit), budget.compact_ledger(limit))
+            sizes = budget.sizes(self.settings, limit, window, reserve)
         required = sum(view.costs[view.required - view.start :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
@@ -185,7 +198,7 @@ class ContextEngine:
             compaction = await self.sweeps.wait_inline(conversation.id, compacting)
             conversation = await self._conversation(request.scope, conversation.id)
             # The sweep may have added what the summary model read (``standing.proposals``).
-            request = dataclasses.replace(request, standing=await self._standing(conversation.id))
+            request = dataclasses.replace(request, standing=await self._standing(conversation))
             view = await self._view(conversation, count, limit, request.dialect)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
@@ -285,11 +298,24 @@ class ContextEngine:
             dialect,
         )
 
-    async def _standing(self, conversation_id: str) -> Standing:
-        """The conversation's ledger (none when it is off)."""
+    async def _standing(self, conversation: ConversationRecord) -> Standing:
+        """The conversation's ledger (none when it is off), its messages not read yet read first."""
         if self.settings.standing_instructions == "off":
             return Standing.of([])
-        return await Standing.read(self.store.read, conversation_id)
+        await self.reader.catch_up(conversation.id, conversation)
+        return await Standing.read(self.store.read, conversation.id)
+
+    def _plain_whatever_the_ledger(
+        self, conversation: ConversationRecord, view: View, count: int, limit: int, window: int | None
+    ) -> bool:
+        """Whether the request is forwarded as sent whatever its conversation's ledger holds: nothing of it is
+        summarised or stubbed, and its messages stay under the soft threshold even with the largest reserve the
+        ledger could take (``_finish``'s plain case, with no compaction due). Then the ledger is not read at all,
+        nor caught up (``proxy.engine.standing.reader``): it is neither forwarded nor reserved for."""
+        if view.summaries or view.upto > 0 or conversation.continued or min(conversation.stubbed_upto, count) > 0:
+            return False
+        most = budget.sizes(self.settings, limit, window, budget.ledger_room(self.settings, limit))
+        return view.tokens <= min(most.soft, most.context)
 
     async def _view(
         self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect, *, tail: bool = True
@@ -398,9 +424,18 @@ class ContextEngine:
             if shared:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
 
+    def unread(self, prepared: Prepared) -> bool:
+        """Whether the request's conversation has messages to read for standing instructions after the
+        response (``after_response`` reads them)."""
+        return prepared.conversation_id in self._unread
+
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
-        """Start a background compaction if the request crossed the soft threshold, or if its inline compaction
-        overran the deadline and gave way to it (one per conversation)."""
+        """Read the turn's messages for standing instructions (in the background: ``LedgerReader``), and start
+        a background compaction if the request crossed the soft threshold, or if its inline compaction overran
+        the deadline and gave way to it (one per conversation)."""
+        if prepared.conversation_id in self._unread:
+            self._unread.discard(prepared.conversation_id)
+            self.reader.schedule(prepared.conversation_id)  # (the relayed answer, stored by now, among them)
         if prepared.compaction not in ("scheduled", "deferred") or prepared.conversation_id is None:
             return False
         conversation_id, sizes = prepared.conversation_id, prepared.sizes
@@ -433,7 +468,7 @@ class ContextEngine:
         newest message (``answers``)."""
         if answer is None or prepared.conversation_id is None:
             return False
-        return await answers.record_answer(
+        stored = await answers.record_answer(
             self.ingestor,
             scope,
             prepared.conversation_id,
@@ -443,13 +478,19 @@ class ContextEngine:
             asked_at,
             prepared.dialect,
         )
+        if stored and self.reader.enabled:
+            self._unread.add(prepared.conversation_id)  # read with the turn's messages (``after_response``)
+        return stored
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait for background compactions (tests, shutdown)."""
+        """Wait for background compactions and reads of standing instructions (tests, shutdown)."""
+        await self.reader.wait_idle(timeout)
         await self.sweeps.wait_idle(timeout)
+        await self.reader.wait_idle(timeout)
 
     async def close(self) -> None:
         await self.sweeps.close()
+        await self.reader.close()
 
 
 def _loads(text: str) -> list[tuple[list[str | int], str]]:
