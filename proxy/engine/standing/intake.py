@@ -49,6 +49,10 @@ class Intake:
                 if language is not None:
                     self._unread_in[i] = language
 
+    def stated(self, start: int, end: int) -> bool:
+        """Whether any of the messages [start, end) read so far says something."""
+        return any(self._stated.get(i, ("", []))[1] for i in range(start, end))
+
     def new(self, start: int, end: int) -> Said:
         return [self._stated.get(i, ("", [])) for i in range(start, end)]
 

@@ -99,50 +99,54 @@ class LedgerReader:
 
     async def read(self, conversation_id: str) -> None:
         """Read the conversation's messages from its watermark to its end, a run of ``CHUNK`` per transaction."""
-        stalled = 0
-        while True:
+        stalled, done = 0, False
+        while not done:
             conversation = await self.store.read.conversation(None, conversation_id)
             if conversation is None or conversation.ledger_upto >= conversation.message_count:
                 return  # deleted, or read to its end
             start = conversation.ledger_upto
             end = min(conversation.message_count, start + CHUNK)
-            if await self._read_run(conversation, start, end):
-                stalled = 0
+            read = await self._read_run(conversation, start, end)
+            if read is not None:
+                stalled, done = 0, read  # done: the run reached the end the transaction saw
             else:
                 stalled += 1
                 if stalled >= ATTEMPTS:
                     raise ConversationBusy(f"{conversation_id} kept changing while it was read")
 
-    async def _read_run(self, conversation: ConversationRecord, start: int, end: int) -> bool:
-        """Read messages [start, end) and write their items with the watermark; False when the conversation
-        moved meanwhile (another reader read them, a relayed answer was replaced): the caller looks again."""
+    async def _read_run(self, conversation: ConversationRecord, start: int, end: int) -> bool | None:
+        """Read messages [start, end) and write their items with the watermark: whether that was the end of the
+        conversation; None when it moved meanwhile (another reader read them, a relayed answer was replaced):
+        the caller looks again."""
         cid = conversation.id
         records = await self.store.search.messages(cid, start, end)  # whole rows: the reader off the loop
         if [r.seq for r in records] != list(range(start, end)):
-            return False
+            return None
         intake = Intake(by_name(conversation.dialect))
         for record in records:
             intake.add(record.seq, await self.forwarded(record))
-        await intake.prepare(await self.store.read.ledger(cid), start, end)
+        await intake.read()
+        # The open items only when the run said something (most say nothing: the watermark alone moves).
+        await intake.prepare(await self.store.read.ledger(cid) if intake.stated(start, end) else [], start, end)
         for _attempt in range(ATTEMPTS):
             try:
                 return await asyncio.shield(self._write(cid, start, end, records[-1].chain_hash, intake))
             except LedgerMoved as moved:  # the ledger changed since it was read (a summariser's, a pin): plan again
                 await intake.prepare(moved.items, moved.start, end)
-        return False
+        return None
 
-    async def _write(self, cid: str, start: int, end: int, chain: str, intake: Intake) -> bool:
+    async def _write(self, cid: str, start: int, end: int, chain: str, intake: Intake) -> bool | None:
         async with self.store.write() as tx:
             await tx.lock_conversation(cid)
             current = await tx.conversation(None, cid)
             if current is None or current.ledger_upto != start or current.message_count < end:
-                return False
+                return None
             if not await tx.chain_in_conversation(cid, end - 1, chain):  # hashes every message up to it
-                return False
+                return None
             await intake.write(tx, cid, start, end)
             await tx.set_ledger_upto(cid, end)
         self.read_messages += end - start
-        return True
+        return end >= current.message_count
 
     async def forwarded(self, record: MessageRecord) -> Message:
         """A stored message as it was forwarded when it was stored (what ingest read): the client's message,
