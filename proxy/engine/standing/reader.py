@@ -55,6 +55,7 @@ class LedgerReader:
         self.enabled = enabled  # the ledger is kept (``standing_instructions`` is not "off")
         self.running: dict[str, asyncio.Task[bool]] = {}
         self._again: set[str] = set()  # conversations whose task reads once more (messages came while it ran)
+        self._writing: set[asyncio.Future[bool | None]] = set()  # shielded write transactions (``close`` waits)
         self.read_messages = 0  # messages read by this process (tests, benchmarks)
 
     def schedule(self, conversation_id: str) -> asyncio.Task[bool] | None:
@@ -130,7 +131,10 @@ class LedgerReader:
         await intake.prepare(await self.store.read.ledger(cid) if intake.stated(start, end) else [], start, end)
         for _attempt in range(ATTEMPTS):
             try:
-                return await asyncio.shield(self._write(cid, start, end, records[-1].chain_hash, intake))
+                writing = asyncio.ensure_future(self._write(cid, start, end, records[-1].chain_hash, intake))
+                self._writing.add(writing)
+                writing.add_done_callback(self._writing.discard)
+                return await asyncio.shield(writing)
             except LedgerMoved as moved:  # the ledger changed since it was read (a summariser's, a pin): plan again
                 await intake.prepare(moved.items, moved.start, end)
         return None
@@ -169,6 +173,8 @@ class LedgerReader:
         for task in list(self.running.values()):
             task.cancel()
         await self.wait_idle(timeout=5)
+        if self._writing:  # a cancelled read's transaction runs to its end before the store closes
+            await asyncio.wait(list(self._writing), timeout=5)
 
 
 def _covered(path: Sequence[object], patches: Sequence[tuple[Sequence[object], str]]) -> bool:
