@@ -183,6 +183,7 @@ class AdminViews:
         replaced; ``with_languages``: also which languages its messages are in that the deterministic reader does
         not read (``unread_languages``)."""
         c = await self.find(scope, conversation_id)
+        await self.engine.reader.catch_up(c.id, c)  # its messages not read yet, first (``standing.reader``)
         items = await self.store.read.ledger(c.id, include_superseded)
         out: dict[str, Any] = {"object": "list", "data": [ledger_json(i) for i in items]}
         if with_languages:
@@ -218,6 +219,7 @@ class AdminViews:
         if state not in LEDGER_STATES:
             raise InvalidArgument(f"'state' must be one of {', '.join(LEDGER_STATES)}", param="state")
         c = await self.find(scope, conversation_id)
+        await self.engine.reader.catch_up(c.id, c)  # the item is changed in the ledger as it stands
         async with self.store.write() as tx:
             await tx.lock_conversation(c.id)
             # Read again under the lock: deleted meanwhile, it has no items to change.

@@ -26,9 +26,7 @@ import logging
 from proxy.dialects import CHAT, Dialect
 from proxy.engine.canonical import chain_next, chain_root
 from proxy.engine.ingest import Ingestor
-from proxy.engine.intercept import Interceptor, apply_patches
-from proxy.engine.standing.flow import LedgerMoved
-from proxy.engine.standing.intake import Intake
+from proxy.engine.intercept import Interceptor
 from proxy.types import Message
 
 log = logging.getLogger("lcm_proxy.engine")
@@ -57,7 +55,7 @@ async def record_answer(
         return False  # the conversation moved on (the client's next request came first): it has the answer
     if current.message_count == length + 1 and await store.read.chain_in_conversation(conversation_id, length, chain):
         # This very answer is already stored (a re-send, a tool loop's next round): nothing to read or write.
-        # The transaction checks again; this only spares its preparation (the ledger's reading is the costly part).
+        # The transaction checks again; this only spares its preparation.
         return False
     limits = ingestor.thresholds
     explorations: dict[str, str] = {}
@@ -66,45 +64,38 @@ async def record_answer(
     batch = ingestor.files.batch(scope)
     try:
         interception, record = await ingestor.prepare_message(interceptor, answer, chain, {}, batch)
-        forwarded = apply_patches(answer, interception.forward_patches)
-        intake = Intake(dialect, ingestor.standing)  # its standing instructions: read and planned off the loop
-        intake.add(length, forwarded)
-        await intake.prepare(await store.read.ledger(conversation_id), length, length + 1)
-        for _attempt in range(3):
-            try:
-                async with store.write() as tx:
-                    await tx.lock_conversation(conversation_id)
-                    conversation = await tx.conversation(scope, conversation_id)
-                    if conversation is None:
-                        return False
-                    if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
-                        return False
-                    if conversation.message_count == length + 1:
-                        if await tx.replaceable_answer(conversation_id) != length:
-                            return False
-                        if await tx.chain_in_conversation(conversation_id, length, chain):
-                            return False  # this very answer is already stored
-                        if (await tx.relayed_answer_asked_at(conversation_id) or 0.0) > asked_at:
-                            return False  # a later request's answer (a regenerate, a retry) is there: it stays
-                        # A regenerate replaces its predecessor.
-                        await tx.drop_relayed_answer(conversation_id, length)
-                    elif conversation.message_count != length:
-                        return False
-                    paths: list[str] = []
-                    for payload in interception.payloads:
-                        exploration = explorations.get(payload.file_id)
-                        file = ingestor.file_record(scope, conversation_id, payload, exploration, batch)
-                        paths.append(file.path)
-                        await tx.put_file(file)
-                    await tx.append_messages(conversation_id, length, [record])
-                    await tx.set_relayed_answer(conversation_id, length, asked_at)
-                    await intake.write(tx, conversation_id, length, length + 1)
-                    if paths:
-                        await batch.publish(tx, paths)
-                return True
-            except LedgerMoved as moved:  # another request changed the ledger meanwhile: plan again, off the loop
-                await intake.prepare(moved.items, moved.start, length + 1)
-        return False  # the client's re-send will store it
+        # Its standing instructions are read after the response (``proxy.engine.standing.reader``).
+        async with store.write() as tx:
+            await tx.lock_conversation(conversation_id)
+            conversation = await tx.conversation(scope, conversation_id)
+            if conversation is None:
+                return False
+            if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
+                return False
+            if conversation.message_count == length + 1:
+                if await tx.replaceable_answer(conversation_id) != length:
+                    return False
+                if await tx.chain_in_conversation(conversation_id, length, chain):
+                    return False  # this very answer is already stored
+                if (await tx.relayed_answer_asked_at(conversation_id) or 0.0) > asked_at:
+                    return False  # a later request's answer (a regenerate, a retry) is there: it stays
+                # A regenerate replaces its predecessor.
+                await tx.drop_relayed_answer(conversation_id, length)
+            elif conversation.message_count != length:
+                return False
+            paths: list[str] = []
+            for payload in interception.payloads:
+                exploration = explorations.get(payload.file_id)
+                file = ingestor.file_record(scope, conversation_id, payload, exploration, batch)
+                paths.append(file.path)
+                await tx.put_file(file)
+            await tx.append_messages(conversation_id, length, [record])
+            await tx.set_relayed_answer(conversation_id, length, asked_at)
+            if not ingestor.standing and conversation.ledger_upto >= length:
+                await tx.set_ledger_upto(conversation_id, length + 1)  # no ledger is kept: nothing to read later
+            if paths:
+                await batch.publish(tx, paths)
+        return True
     finally:
         if batch.holds_files:
             await asyncio.to_thread(batch.discard)

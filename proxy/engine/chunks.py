@@ -2,18 +2,18 @@
 
 There is one writer (SQLite serialises every writer of the database; PostgreSQL serialises the writers of one
 conversation), and a transaction holds it for as long as its inserts take: the rows, their full-text index
-(trigram FTS5 costs about a quarter of a millisecond per kilobyte here), their payload files' rows and their
-standing instructions. One 1.2 MB request held it for 300 ms, and every other tenant's write waited. So the
-ingestor appends at most ``ChunkBounds.messages`` messages and about ``ChunkBounds.bytes`` bytes per
-transaction (always at least one message), and the writer goes to whoever waits for it between two chunks.
+(trigram FTS5 costs about a quarter of a millisecond per kilobyte here) and their payload files' rows (their
+standing instructions are read later: ``proxy.engine.standing.reader``). One 1.2 MB request held it for
+300 ms, and every other tenant's write waited. So the ingestor appends at most ``ChunkBounds.messages``
+messages and about ``ChunkBounds.bytes`` bytes per transaction (always at least one message), and the writer
+goes to whoever waits for it between two chunks.
 
 Each chunk is a valid state on its own, as if the client had sent the request's transcript only up to there:
-the conversation holds a prefix of the request's messages, the standing instructions they stated (planned off
-the loop before the chunk's transaction, against the ledger as the previous chunk left it) and the payload
-files they name. Each chunk's transaction decides again where the transcript belongs (``locate_locked``), so a
-request that fails or is cancelled between chunks leaves that prefix, and the same request sent again finds it
-and appends the rest, each message once; a concurrent request on the same conversation meets it exactly as it
-would meet the shorter request that the stored prefix is.
+the conversation holds a prefix of the request's messages and the payload files they name. Each chunk's
+transaction decides again where the transcript belongs (``locate_locked``), so a request that fails or is
+cancelled between chunks leaves that prefix, and the same request sent again finds it and appends the rest,
+each message once; a concurrent request on the same conversation meets it exactly as it would meet the
+shorter request that the stored prefix is.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ from typing import Any
 from proxy.engine.errors import ConversationBusy
 from proxy.engine.identity import Action
 from proxy.engine.intercept import Interception
-from proxy.engine.standing.flow import LedgerMoved
-from proxy.engine.standing.intake import Intake
-from proxy.store.base import Reads
 from proxy.store.records import NewMessage
 
 PAYLOAD_BYTES = 4096  # what a payload file's row and publication (a rename, a folder synced) count for
@@ -86,41 +83,31 @@ class NeedsPreparation(Exception):
 async def store_in_chunks(
     commit: Commit,
     prepare: Callable[[int], Awaitable[Any]],
-    intake: Intake,
-    reads: Reads,
-    bound: Callable[[int], int],
     end: int,
     expected: str | None,
 ) -> Outcome:
     """Store the request's new messages (up to ``end``) chunk by chunk: ``commit(expected)`` is one chunk's write
-    transaction, ``bound(seq)`` where the chunk from ``seq`` ends. Between two, the next chunk's standing
-    instructions are planned against the ledger as stored, read through ``reads`` (the store's reader off the
-    event loop: nothing but awaiting runs on the loop between two chunks). The outcome: the last chunk's
+    transaction (it returns where its chunk ended). The outcome: the last chunk's
     conversation, the first chunk's action, all messages appended."""
     first: Outcome | None = None
     appended = 0
     while True:
-        (conversation_id, action, count, forked_from), stop = await settle(
-            functools.partial(commit, expected), prepare, intake, bound
-        )
+        (conversation_id, action, count, forked_from), stop = await settle(functools.partial(commit, expected), prepare)
         appended += count
         first = first or (conversation_id, action, count, forked_from)
         forked_from = first[3] or forked_from
         if stop >= end:
             return conversation_id, first[1], appended, forked_from
         expected = conversation_id
-        await intake.follow(reads, conversation_id, stop, bound(stop))
 
 
 async def settle(
     commit: Callable[[], Awaitable[tuple[Outcome, int]]],
     prepare: Callable[[int], Awaitable[Any]],
-    intake: Intake,
-    bound: Callable[[int], int],
 ) -> tuple[Outcome, int]:
-    """Run ``commit`` (one write transaction) until it finds every message it needs prepared, and the ledger as
-    its plan of standing instructions had it; ``ConversationBusy`` after ``ATTEMPTS`` that found it moved."""
-    attempts, progress = 0, -1
+    """Run ``commit`` (one write transaction) until it finds every message it needs prepared;
+    ``ConversationBusy`` after ``ATTEMPTS`` that found it moved."""
+    attempts = 0
     while attempts < ATTEMPTS:
         attempts += 1
         try:
@@ -131,11 +118,4 @@ async def settle(
             # lock (interception may call the summarizer), then decide again.
             for i in missing.indices:
                 await prepare(i)
-        except LedgerMoved as moved:
-            # Or changed its ledger: plan again off the loop from what the transaction saw. A transaction that
-            # found more of the transcript stored than before (a copy of this request, sent again while this one
-            # was stored chunk by chunk, stored the chunk) saw progress, not contention.
-            if moved.start > progress:
-                attempts, progress = 0, moved.start
-            await intake.prepare(moved.items, moved.start, bound(moved.start))
     raise ConversationBusy("Other requests kept changing this conversation while this one was stored; send it again.")

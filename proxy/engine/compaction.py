@@ -31,7 +31,7 @@ from proxy.engine.assemble import exchange_start, required_start
 from proxy.engine.budget import DEFAULT_WINDOW_LIMIT, Sizes
 from proxy.engine.errors import SummarizerUnavailable
 from proxy.engine.lease import CompactionLeases
-from proxy.engine.passes import SummaryWriter
+from proxy.engine.passes import CatchUp, SummaryWriter
 from proxy.engine.plan import Plan
 from proxy.engine.render import summary_tokens
 from proxy.engine.standing.flow import record_proposed
@@ -100,11 +100,11 @@ class SweepReport:
 
 
 class Compactor:
-    def __init__(self, store: Store, settings: LcmSettings, guard: Guard) -> None:
+    def __init__(self, store: Store, settings: LcmSettings, guard: Guard, catch_up: CatchUp | None = None) -> None:
         self.store = store
         self.settings = settings
         self.guard = guard
-        self.writer = SummaryWriter(store, settings, guard)
+        self.writer = SummaryWriter(store, settings, guard, catch_up)
         self.leases = CompactionLeases(store, settings.compaction_lease_heartbeat_seconds)
 
     def default_sizes(self, summarizer: Summarizer | None = None) -> Sizes:
@@ -169,6 +169,8 @@ class Compactor:
         if not plan.changed:
             return True
         conversation_id = plan.conversation.id
+        if plan.proposed:  # what the model read joins a ledger that holds every message's own statements
+            await self.writer.catch_up(conversation_id)
         async with self.store.write() as tx:
             await tx.lock_conversation(conversation_id)
             current = await tx.conversation(None, conversation_id)

@@ -37,6 +37,7 @@ from proxy.engine.prepared import Compaction, Prepared, Sent, View
 from proxy.engine.render import summaries_text
 from proxy.engine.seen import Fingerprint, Seen
 from proxy.engine.standing import Standing
+from proxy.engine.standing.reader import LedgerReader
 from proxy.engine.summarize import Guard, Summarizer
 from proxy.engine.sweeps import Sweeps
 from proxy.store.base import Blobs, Store, reads_for
@@ -92,6 +93,13 @@ TAIL_WINDOW = 64  # newest raw messages a request reads first, for its required 
 MAX_CONTINUED = 64  # client compactions one conversation is followed back through (as recall's ancestors)
 
 
+# A conversation's messages are read for standing instructions (``proxy.engine.standing.reader``) once it holds
+# this share of the soft threshold: until then its ledger is neither forwarded nor reserved for, and most
+# conversations never reach it. From then on each turn is read after its response, so the first compaction finds
+# the ledger read (or nearly: ``catch_up`` reads what is left).
+READ_AHEAD = 0.5
+
+
 class ContextEngine:
     def __init__(self, store: Store, files: Blobs, settings: LcmSettings) -> None:
         self.store = store
@@ -100,11 +108,13 @@ class ContextEngine:
         self.guard = Guard(settings.max_summarizer_calls_per_hour)
         default = budget.sizes(settings, budget.DEFAULT_WINDOW_LIMIT)
         thresholds = Thresholds(default.large_file, default.tool_result)
+        standing = settings.standing_instructions != "off"
         self.seen = Seen()  # transcripts this process handled: a re-sent prefix is not validated or hashed again
-        self.ingestor = Ingestor(
-            store, files, thresholds, self.guard, settings.standing_instructions != "off", seen=self.seen
-        )
-        self.compactor = Compactor(store, settings, self.guard)
+        self.ingestor = Ingestor(store, files, thresholds, self.guard, standing, seen=self.seen)
+        # Messages are read for standing instructions after the response, or before the ledger is needed.
+        self.reader = LedgerReader(store, files, standing)
+        self._unread: set[str] = set()  # conversations with messages stored by this process's requests, not read
+        self.compactor = Compactor(store, settings, self.guard, self.reader.catch_up)
         self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
 
@@ -156,12 +166,21 @@ class ContextEngine:
         if ingested.forked_from is not None and parent_task is None:
             await self._adopt(ingested.conversation_id, ingested.forked_from)
         conversation = await self._conversation(scope, ingested.conversation_id)
-        standing = await self._standing(conversation.id)
-        if standing.items:  # the budget keeps what the conversation's standing instructions take
-            reserve = standing.reserve(budget.ledger_room(self.settings, limit), budget.compact_ledger(limit))
-            sizes = budget.sizes(self.settings, limit, getattr(summarizer, "window", None), reserve)
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
+        window = getattr(summarizer, "window", None)
+        if self.reader.enabled and conversation.ledger_upto < conversation.message_count:
+            if not self._plain_whatever_the_ledger(conversation, view, count, limit, window, READ_AHEAD):
+                if len(self._unread) > 10_000:  # responses that never ended: their reads wait for the next need
+                    self._unread.clear()
+                self._unread.add(conversation.id)  # read after the response (``after_response``)
+        if parent_task is None and self._plain_whatever_the_ledger(conversation, view, count, limit, window):
+            standing = Standing.of([])  # forwarded as sent: the ledger is neither forwarded nor reserved for
+        else:
+            standing = await self._standing(conversation)
+        if standing.items:  # the budget keeps what the conversation's standing instructions take
+            reserve = standing.reserve(budget.ledger_room(self.settings, limit), budget.compact_ledger(limit))
+            sizes = budget.sizes(self.settings, limit, window, reserve)
         required = sum(view.costs[view.required - view.start :])
         if required > limit:
             # Refused before any summarizer call or stored change: compaction cannot make this fit.
@@ -192,7 +211,7 @@ class ContextEngine:
             compaction = await self.sweeps.wait_inline(conversation.id, compacting)
             conversation = await self._conversation(request.scope, conversation.id)
             # The sweep may have added what the summary model read (``standing.proposals``).
-            request = dataclasses.replace(request, standing=await self._standing(conversation.id))
+            request = dataclasses.replace(request, standing=await self._standing(conversation))
             view = await self._view(conversation, count, limit, request.dialect)
         elif view.tokens > sizes.soft:
             compaction = "scheduled"
@@ -292,11 +311,31 @@ class ContextEngine:
             dialect,
         )
 
-    async def _standing(self, conversation_id: str) -> Standing:
-        """The conversation's ledger (none when it is off)."""
+    async def _standing(self, conversation: ConversationRecord) -> Standing:
+        """The conversation's ledger (none when it is off), its messages not read yet read first."""
         if self.settings.standing_instructions == "off":
             return Standing.of([])
-        return await Standing.read(self.store.read, conversation_id)
+        await self.reader.catch_up(conversation.id, conversation)
+        return await Standing.read(self.store.read, conversation.id)
+
+    def _plain_whatever_the_ledger(
+        self,
+        conversation: ConversationRecord,
+        view: View,
+        count: int,
+        limit: int,
+        window: int | None,
+        share: float = 1.0,
+    ) -> bool:
+        """Whether the request is forwarded as sent whatever its conversation's ledger holds: nothing of it is
+        summarised or stubbed, and its messages stay under the soft threshold even with the largest reserve the
+        ledger could take (``_finish``'s plain case, with no compaction due). Then the ledger is not read at all,
+        nor caught up (``proxy.engine.standing.reader``): it is neither forwarded nor reserved for. With a
+        ``share`` below 1, whether the messages stay under that share of it (``READ_AHEAD``)."""
+        if view.summaries or view.upto > 0 or conversation.continued or min(conversation.stubbed_upto, count) > 0:
+            return False
+        most = budget.sizes(self.settings, limit, window, budget.ledger_room(self.settings, limit))
+        return view.tokens <= share * min(most.soft, most.context)
 
     async def _view(
         self, conversation: ConversationRecord, count: int, limit: int, dialect: Dialect, *, tail: bool = True
@@ -405,9 +444,18 @@ class ContextEngine:
             if shared:
                 await tx.set_context(fork_id, [s.id for s in shared], upto)
 
+    def unread(self, prepared: Prepared) -> bool:
+        """Whether the request's conversation has messages to read for standing instructions after the
+        response (``after_response`` reads them)."""
+        return prepared.conversation_id in self._unread
+
     async def after_response(self, prepared: Prepared, summarizer: RequestSummarizer | None) -> bool:
-        """Start a background compaction if the request crossed the soft threshold, or if its inline compaction
-        overran the deadline and gave way to it (one per conversation)."""
+        """Read the turn's messages for standing instructions (in the background: ``LedgerReader``), and start
+        a background compaction if the request crossed the soft threshold, or if its inline compaction overran
+        the deadline and gave way to it (one per conversation)."""
+        if prepared.conversation_id in self._unread:
+            self._unread.discard(prepared.conversation_id)
+            self.reader.schedule(prepared.conversation_id)  # (the relayed answer, stored by now, among them)
         if prepared.compaction not in ("scheduled", "deferred", "evicted") or prepared.conversation_id is None:
             return False
         if prepared.compaction == "evicted" and not getattr(summarizer, "between_turns", False):
@@ -442,7 +490,7 @@ class ContextEngine:
         newest message (``answers``)."""
         if answer is None or prepared.conversation_id is None:
             return False
-        return await answers.record_answer(
+        stored = await answers.record_answer(
             self.ingestor,
             scope,
             prepared.conversation_id,
@@ -452,13 +500,19 @@ class ContextEngine:
             asked_at,
             prepared.dialect,
         )
+        if stored and self.reader.enabled:
+            self._unread.add(prepared.conversation_id)  # read with the turn's messages (``after_response``)
+        return stored
 
     async def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait for background compactions (tests, shutdown)."""
+        """Wait for background compactions and reads of standing instructions (tests, shutdown)."""
+        await self.reader.wait_idle(timeout)
         await self.sweeps.wait_idle(timeout)
+        await self.reader.wait_idle(timeout)
 
     async def close(self) -> None:
         await self.sweeps.close()
+        await self.reader.close()
 
 
 def _loads(text: str) -> list[tuple[list[str | int], str]]:

@@ -37,9 +37,8 @@ from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
-from proxy.engine.rows import ToolNames, prepare_message
+from proxy.engine.rows import OFF_LOOP_CHARS, ToolNames, prepare_message, weight
 from proxy.engine.seen import Fingerprint, Seen
-from proxy.engine.standing.intake import Intake
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for
 from proxy.store.records import ConversationRecord, FileRecord, NewMessage
@@ -106,7 +105,9 @@ class Ingestor:
         self.files = files
         self.thresholds = thresholds
         self.guard = guard  # the engine's breaker and hourly call cap; None: no hourly cap (tests)
-        self.standing = standing  # keep the ledger of standing instructions (``proxy.engine.standing``)
+        # Keep the ledger of standing instructions (``proxy.engine.standing``; its reader reads the messages stored
+        # here after the response). When it is off, what is stored is marked read: nothing reads it later.
+        self.standing = standing
         self.chunks = chunks or ChunkBounds()  # what one write transaction appends at most (``proxy.engine.chunks``)
         self.seen = seen if seen is not None else Seen()  # transcripts handled before (``proxy.engine.seen``)
 
@@ -147,7 +148,6 @@ class Ingestor:
         # files wait in the batch's pending folder until the transaction that stores their rows publishes them;
         # whatever is not published when this request is done with them (refused, failed, cancelled) is deleted.
         batch = self.files.batch(scope)
-        intake = Intake(dialect, self.standing)  # standing instructions: read, planned and written off the loop
         try:
             first_guess = await locate(self.store.read, scope, incoming.chains, conversation_key)
             prepared: Prepared = {}
@@ -156,8 +156,6 @@ class Ingestor:
                 if i not in prepared:
                     chain = incoming.chains[i]
                     prepared[i] = await self.prepare_message(interceptor, transcript[i], chain, tool_names, batch)
-                    # Read as forwarded: a pasted document or file stored out of line sets nothing.
-                    intake.add(i, apply_patches(transcript[i], prepared[i][0].forward_patches))
                 return prepared[i]
 
             turn = time.perf_counter()
@@ -172,14 +170,12 @@ class Ingestor:
                 assert first_guess.conversation is not None
                 outcome: Outcome = (first_guess.conversation.id, first_guess.action(len(transcript)), 0, None)
             else:
-                # A bounded write transaction per chunk; the ledger read before each chunk is planned off the loop
-                # (every item of a long conversation's fork: a read as long as the transcript).
+                # A bounded write transaction per chunk. Its standing instructions are read after the response
+                # (``proxy.engine.standing.reader``), or before the ledger is next needed.
                 end, guess = len(transcript), first_guess.conversation
-                bound = functools.partial(chunk_end, self.chunks, prepared, end=end)
-                await intake.guess(reads_for(self.store, end), first_guess, end, bound)
-                commit = functools.partial(self._commit, incoming, prepared, intake, explorations, batch)
+                commit = functools.partial(self._commit, incoming, prepared, explorations, batch)
                 expected = guess.id if guess else None
-                outcome = await store_in_chunks(commit, prepare, intake, self.store.search, bound, end, expected)
+                outcome = await store_in_chunks(commit, prepare, end, expected)
         finally:
             if batch.holds_files:
                 await asyncio.to_thread(batch.discard)
@@ -220,7 +216,6 @@ class Ingestor:
         self,
         incoming: Incoming,
         prepared: Prepared,
-        intake: Intake,
         explorations: dict[str, str],
         batch: BlobBatch,
         expected: str | None = None,
@@ -253,7 +248,10 @@ class Ingestor:
             new = [prepared[i] for i in range(start, stop)]
             if new:
                 await self._append(tx, incoming.scope, conversation_id, start, new, explorations, batch)
-                await intake.write(tx, conversation_id, start, stop)
+                read_upto = conversation.ledger_upto if conversation is not None else 0
+                if not self.standing and (start == 0 or read_upto >= start):
+                    # No ledger is kept: nothing to read, now or later (as if read, nothing said).
+                    await tx.set_ledger_upto(conversation_id, stop)
             elif action in ("same", "earlier"):
                 await tx.touch(conversation_id)
             return (conversation_id, action, len(new), forked_from), stop

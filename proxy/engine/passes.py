@@ -11,7 +11,7 @@ import asyncio
 import functools
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 
@@ -53,11 +53,21 @@ def new_summary_id() -> str:
     return "sum_" + secrets.token_hex(8)
 
 
+CatchUp = Callable[[str], Awaitable[None]]  # reads a conversation's messages not read for the ledger yet
+
+
+async def _read_already(_conversation_id: str) -> None:
+    """The ledger's catch-up when every message is read as it is stored (tests that build a writer alone)."""
+
+
 class SummaryWriter:
-    def __init__(self, store: Store, settings: LcmSettings, guard: Guard) -> None:
+    def __init__(self, store: Store, settings: LcmSettings, guard: Guard, catch_up: CatchUp | None = None) -> None:
         self.store = store
         self.settings = settings
         self.guard = guard
+        # Reads the conversation's messages not read for standing instructions yet (``LedgerReader.catch_up``):
+        # before the summariser is shown the ledger, and before what it read is recorded in it.
+        self.catch_up = catch_up or _read_already
 
     async def leaf_pass(
         self, plan: Plan, tail: int, summarizer: Summarizer | None, sizes: Sizes, excess: int, thorough: bool = False
@@ -83,6 +93,8 @@ class SummaryWriter:
         previous = split_summary(plan.summaries[-1].content)[0] if plan.summaries else ""
         context = f"<previous_notes>\n{defang_markers(previous)}\n</previous_notes>\n\n" if previous else ""
         reading = self.settings.standing_instructions != "off"  # the ledger also takes what the model read
+        if reading:
+            await self.catch_up(conversation_id)
         current = await self.store.read.ledger(conversation_id) if reading else []
         text = await self._write(
             summarizer,

@@ -1,7 +1,8 @@
 """One model turn, for any door: who asked, for which model, in which wire format (``Call``); its budget and
 summariser from the model's policy; the engine's preparation of its messages (``Call.begin``); the answer
-recorded after it (``Call.answer_to``); the compaction it calls for afterwards (``Call.after``); and the one
-compacted retry when the upstream refuses a context the proxy's count said would fit (``compacted_retry``).
+recorded after it (``Call.answer_to``); what the engine does afterwards (``Call.after``: the turn's messages read
+for standing instructions, the compaction it calls for); and the one compacted retry when the upstream refuses a
+context the proxy's count said would fit (``compacted_retry``).
 
 A door validates its request, builds a ``Call`` with the transcript in its own dialect, and renders what comes
 back; everything between is here, so the chat, Messages and Responses doors make the same decisions.
@@ -118,10 +119,11 @@ class Call:
         )
 
     def after(self, prepared: Prepared | None) -> Callable[[], Awaitable[Any]] | None:
-        """The compaction the request calls for, once its response is sent."""
-        if prepared is None or prepared.compaction not in ("scheduled", "deferred", "evicted"):
-            return None
+        """What the engine does once the response is sent: read the turn's messages for standing instructions,
+        the compaction the request calls for."""
         engine, summarizer = self.state.engine, self.summarizer
+        if prepared is None or (prepared.compaction not in ("scheduled", "deferred", "evicted") and not engine.unread(prepared)):
+            return None
 
         async def compact() -> None:
             await engine.after_response(prepared, summarizer)

@@ -65,7 +65,7 @@ TABLES = (
     _table(
         "conversations",
         "id tenant external_key parent_id fork_seq instructions_json message_count token_count created_at"
-        " updated_at summarized_upto stubbed_upto last_model deleted_at dialect continued linked_to",
+        " updated_at summarized_upto stubbed_upto last_model deleted_at dialect continued linked_to ledger_upto",
         "id",
     ),
     _table(

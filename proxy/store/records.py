@@ -29,6 +29,9 @@ class ConversationRecord:
     continued: bool = False
     # A sub-agent's conversation: the conversation of the agent that started it (Claude Code's session), if stored.
     linked_to: str | None = None
+    # Messages [0, ledger_upto) have been read for standing instructions (``proxy.engine.standing.reader``): the
+    # ledger holds what they state. The rest is read after the response, or before the ledger is next needed.
+    ledger_upto: int = 0
 
 
 @dataclass(frozen=True)

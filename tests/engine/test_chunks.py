@@ -1,5 +1,6 @@
 """A large request is stored in bounded write transactions (``proxy.engine.chunks``), each a valid state: a
-prefix of the request's messages with their standing instructions; a failure between two leaves that prefix,
+prefix of the request's messages (their standing instructions are read later, in runs of their own: the ledger
+is the same as if read in one); a failure between two leaves that prefix,
 and the request sent again stores the rest, each message once. Structure, not time: the store's write units
 are counted and their appends measured (``tests.support.engine.WriteLog``)."""
 
@@ -16,9 +17,20 @@ from proxy.engine.chunks import ChunkBounds, chunk_end, stored_bytes
 from proxy.engine.doctor import check_database
 from proxy.engine.ingest import export_conversation
 from proxy.engine.intercept import Interception
+from proxy.engine.standing import reader
 from proxy.store.location import Location
 from proxy.store.records import NewMessage
-from tests.support.engine import InjectedCrash, WriteLog, assistant, elsewhere, open_engine, row_count, run, user
+from tests.support.engine import (
+    InjectedCrash,
+    WriteLog,
+    assistant,
+    elsewhere,
+    open_engine,
+    read_ledger,
+    row_count,
+    run,
+    user,
+)  # fmt: skip
 from tests.support.rule_dense import rule_dense_request
 
 BOUNDS = ChunkBounds(messages=6, bytes=3000)
@@ -63,16 +75,17 @@ async def ledger_of(store: Any, conversation_id: str) -> list[tuple[Any, ...]]:
 
 async def ingest_in_one_unit(where: Location, messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """The ledger the same transcript gets when it is stored in one transaction."""
-    async with open_engine(where) as (ingestor, store, _):
+    async with open_engine(where) as (ingestor, store, files):
         ingestor.chunks = ChunkBounds(messages=10_000, bytes=1 << 30)
         log = WriteLog(store)
         result = await ingestor.ingest("t", messages)
         assert len(log.appending) == 1
+        await read_ledger(store, files, result.conversation_id)  # one run of 128 messages at most
         return await ledger_of(store, result.conversation_id)
 
 
 def test_a_large_request_commits_in_bounded_units_with_the_ledger_of_one(
-    where: Location, request: pytest.FixtureRequest
+    where: Location, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     messages = transcript()
 
@@ -94,6 +107,10 @@ def test_a_large_request_commits_in_bounded_units_with_the_ledger_of_one(
                 seqs += range(first, first + len(appended))
             assert seqs == list(range(23))  # in order, each message once
             assert await export_conversation(store, files, "t", result.conversation_id) == messages
+            assert await ledger_of(store, result.conversation_id) == []  # read after the response, not here
+            with monkeypatch.context() as patched:
+                patched.setattr(reader, "CHUNK", 5)  # read in runs of 5 messages, one transaction each
+                await read_ledger(store, files, result.conversation_id)
             chunked = await ledger_of(store, result.conversation_id)
         assert chunked  # the messages did set standing instructions
         assert chunked == await ingest_in_one_unit(elsewhere(where, request), messages)
@@ -126,6 +143,7 @@ def test_a_failure_between_chunks_leaves_a_prefix_and_the_retry_stores_each_mess
             assert again.appended == 23 - conversation.message_count
             assert await row_count(store, "messages") == 23
             assert await export_conversation(store, files, "t", conversation.id) == messages
+            await read_ledger(store, files, conversation.id)
             seqs = {item.seq for item in await store.read.ledger(conversation.id, True)}
             assert seqs and max(seqs) > 2 + len(kept)  # the rest's standing instructions were recorded too
 

@@ -25,7 +25,7 @@ from proxy.engine.ingest import export_conversation
 from proxy.engine.intercept import Interceptor, Payload, outside_stubs, restore
 from proxy.engine.recall.tools import RecallTools
 from tests.support.cli import main
-from tests.support.engine import ScriptedSummarizer, assistant, open_engine, row_count, run, user
+from tests.support.engine import ScriptedSummarizer, assistant, open_engine, read_ledger, row_count, run, user
 from tests.support.fakes import FakeUpstream
 from tests.support.proxies import RunningProxy
 
@@ -266,8 +266,9 @@ def test_the_ledger_reads_an_instruction_written_after_the_paste(tmp_path: Path)
     message = user(f"{LEAD}\n{LOG}\n\nFrom now on, answer in French.")
 
     async def scenario() -> None:
-        async with open_engine(tmp_path) as (ingestor, store, _):
+        async with open_engine(tmp_path) as (ingestor, store, files):
             _, conversation = await ingest_one(ingestor, message)
+            await read_ledger(store, files, conversation)  # read after the response
             items = await store.read.ledger(conversation)
             assert [(i.kind, i.value, i.text) for i in items] == [
                 ("preference", "French", "From now on, answer in French.")

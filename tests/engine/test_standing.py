@@ -126,6 +126,7 @@ def test_a_pasted_document_stored_out_of_line_sets_nothing(where: Location) -> N
         transcript = [user(doc), assistant("Read it."), user("Never push to main.")]
         prepared = await engine.prepare("t", transcript, Budget(window=8000, output_reserve=500, tools=0), None)
         assert "[LCM File: file_" in str(prepared.messages[0]["content"])  # stored out of line
+        await engine.reader.catch_up(prepared.conversation_id or "")  # read after the response
         items = await store.read.ledger(prepared.conversation_id or "")
         assert [(i.kind, i.text) for i in items] == [("rule", "Never push to main.")]
         await store.close()

@@ -14,6 +14,7 @@ import pytest
 
 from proxy.engine.doctor import check_database
 from proxy.engine.ingest import Ingestor, Thresholds
+from proxy.engine.standing.reader import LedgerReader
 from proxy.store.location import Location
 from proxy.store.sqlite.store import SQLiteStore
 
@@ -61,6 +62,12 @@ async def open_engine(
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+async def read_ledger(store: Any, files: Any, conversation_id: str) -> None:
+    """Read the conversation's messages for standing instructions, as the engine does after a response or
+    before the ledger is used (``proxy.engine.standing.reader``): the ingestor alone stores messages only."""
+    await LedgerReader(store, files).catch_up(conversation_id)
 
 
 async def rows(store: Any, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:

@@ -89,6 +89,11 @@ class AppProxy:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
+    def wait_idle(self) -> None:
+        """Wait for the engine's background work: the reads of standing instructions after each response
+        (``proxy.engine.standing.reader``) and the compactions."""
+        self.client.portal.call(self.app.state.lcm.engine.wait_idle)
+
 
 @contextlib.contextmanager
 def in_process(config: ProxyConfig) -> Iterator[AppProxy]:

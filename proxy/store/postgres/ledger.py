@@ -87,9 +87,18 @@ class PostgresLedgerWrites(PostgresLedgerReads):
         )
         return LedgerItem(*row) if row else None
 
+    async def set_ledger_upto(self, conversation_id: str, seq: int) -> None:
+        await self._run("UPDATE lcm.conversations SET ledger_upto = %s WHERE id = %s", (seq, conversation_id))
+
     async def _copy_ledger(self, source_id: str, target_id: str, count: int) -> None:
         """The items of ``source_id`` stated before ``count`` into its fork ``target_id``, whose messages
         [0, count) are copied already."""
+        # What of the parent was read: its watermark, up to the fork point (the fork reads the rest itself).
+        await self._run(
+            "UPDATE lcm.conversations SET ledger_upto = LEAST(%s, (SELECT ledger_upto FROM lcm.conversations"
+            " WHERE id = %s)) WHERE id = %s",
+            (count, source_id, target_id),
+        )
         items = await self.ledger(source_id, include_superseded=True)
         if not any(i.seq < count for i in items):
             return
@@ -100,6 +109,9 @@ class PostgresLedgerWrites(PostgresLedgerReads):
 
     async def _truncate_ledger(self, conversation_id: str, start: int) -> None:
         """Remove the items stated from message ``start`` on; those they superseded are current again."""
+        await self._run(
+            "UPDATE lcm.conversations SET ledger_upto = LEAST(ledger_upto, %s) WHERE id = %s", (start, conversation_id)
+        )
         await self._run(
             "UPDATE lcm.ledger_items SET superseded_seq = NULL, superseded_by = NULL"
             " WHERE conversation_id = %s AND superseded_seq >= %s",

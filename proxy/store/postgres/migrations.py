@@ -308,3 +308,13 @@ async def apply_migrations(conn: Any) -> list[str]:
                 await conn.execute("INSERT INTO lcm.migrations (name, applied_at) VALUES (%s, %s)", (name, time.time()))
                 applied.append(name)
     return applied
+
+
+migration(
+    "p010_ledger_read_upto",
+    """
+    -- See proxy.store.sqlite.migrations (m014_ledger_read_upto).
+    ALTER TABLE lcm.conversations ADD COLUMN ledger_upto integer NOT NULL DEFAULT 0;
+    UPDATE lcm.conversations SET ledger_upto = message_count;
+    """,
+)

@@ -83,9 +83,18 @@ class SQLiteLedgerWrites(SQLiteLedgerReads):
         )
         return LedgerItem(*row) if row else None
 
+    async def set_ledger_upto(self, conversation_id: str, seq: int) -> None:
+        await self.conn.execute("UPDATE conversations SET ledger_upto = ? WHERE id = ?", (seq, conversation_id))
+
     async def _copy_ledger(self, source_id: str, target_id: str, count: int) -> None:
         """The items of ``source_id`` stated before ``count`` into its fork ``target_id``, whose messages
         [0, count) are copied already."""
+        # What of the parent was read: its watermark, up to the fork point (the fork reads the rest itself).
+        await self.conn.execute(
+            "UPDATE conversations SET ledger_upto = MIN(?, (SELECT ledger_upto FROM conversations WHERE id = ?))"
+            " WHERE id = ?",
+            (count, source_id, target_id),
+        )
         items = await self.ledger(source_id, include_superseded=True)
         if not any(i.seq < count for i in items):
             return
@@ -97,6 +106,9 @@ class SQLiteLedgerWrites(SQLiteLedgerReads):
 
     async def _truncate_ledger(self, conversation_id: str, start: int) -> None:
         """Remove the items stated from message ``start`` on; those they superseded are current again."""
+        await self.conn.execute(
+            "UPDATE conversations SET ledger_upto = MIN(ledger_upto, ?) WHERE id = ?", (start, conversation_id)
+        )
         await self.conn.execute(
             "UPDATE ledger_items SET superseded_seq = NULL, superseded_by = NULL"
             " WHERE conversation_id = ? AND superseded_seq >= ?",

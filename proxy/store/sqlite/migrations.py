@@ -357,3 +357,15 @@ migration(
     CREATE INDEX messages_forwarded ON messages(conversation_id, seq) WHERE forward_json IS NOT NULL;
     """,
 )
+
+
+migration(
+    "m014_ledger_read_upto",
+    """
+    -- Messages [0, ledger_upto) of a conversation have been read for standing instructions
+    -- (proxy.engine.standing.reader): the rest are read after the response, or before the ledger is next needed.
+    -- Every message stored before this step was read when it was stored.
+    ALTER TABLE conversations ADD COLUMN ledger_upto INTEGER NOT NULL DEFAULT 0;
+    UPDATE conversations SET ledger_upto = message_count;
+    """,
+)

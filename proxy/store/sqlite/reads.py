@@ -19,7 +19,8 @@ from proxy.store.sqlite.ledger import SQLiteLedgerReads
 RESPONSE_COLUMNS = "id, scope, kind, conversation_id, position, previous_id, input_json, body_json, created_at"
 CONV_COLUMNS = (
     "id, tenant, external_key, parent_id, fork_seq, instructions_json, message_count, token_count, "
-    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at, dialect, continued, linked_to"
+    "created_at, updated_at, summarized_upto, stubbed_upto, last_model, deleted_at, dialect, continued, linked_to, "
+    "ledger_upto"
 )
 MSG_COLUMNS = (
     "id, conversation_id, seq, role, original_json, payload_paths, forward_json, compact_json, text, "

@@ -20,7 +20,7 @@ from proxy.engine.standing.index import Index
 from proxy.engine.standing.intake import Intake
 from proxy.store.location import Location
 from proxy.store.records import LedgerItem
-from tests.support.engine import open_engine, rows, run, user
+from tests.support.engine import open_engine, read_ledger, rows, run, user
 from tests.support.rule_dense import corpus, rule_dense_request
 
 WORDS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "granite", "harbor", "juniper", "kestrel", "lagoon",
@@ -183,14 +183,15 @@ def _named(items: list[LedgerItem], seq: int) -> list[LedgerItem]:
             for i in items]  # fmt: skip
 
 
-# --- through the ingestor, on both stores -------------------------------------------------------------------
+# --- through the ingestor and the reader, on both stores -------------------------------------------------------------------
 
 
 def test_a_rule_dense_request_stays_within_the_caps(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(where) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, files):
             transcript = rule_dense_request(60)  # 60 messages of 4 KB of rules, about 80 statements each
             result = await ingestor.ingest("t", transcript)
+            await read_ledger(store, files, result.conversation_id)
             items = await store.read.ledger(result.conversation_id, include_superseded=True)
             open_items = [i for i in items if i.superseded_seq is None]
             assert len(open_items) == MAX_OPEN_ITEMS
@@ -209,22 +210,25 @@ def test_a_rule_dense_request_stays_within_the_caps(where: Location) -> None:
 
 def test_a_ledger_changed_between_plan_and_write_is_planned_again(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(where) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, files):
             first = [user("The budget cap is $800."), {"role": "assistant", "content": "Noted."}]
             conversation = (await ingestor.ingest("t", first)).conversation_id
+            await read_ledger(store, files, conversation)
             (old,) = await store.read.ledger(conversation)
-            guess = Intake.guess
+            prepare = Intake.prepare
             plans: list[Plan] = []
 
-            async def guess_then_pin(self: Intake, *args: Any) -> None:
-                await guess(self, *args)
+            async def prepare_then_pin(self: Intake, *args: Any) -> None:
+                await prepare(self, *args)
                 assert self.plan is not None
                 plans.append(self.plan)
-                async with store.write() as tx:  # another request pins the item meanwhile
-                    await tx.set_ledger_state(conversation, old.id, "pinned")
+                if len(plans) == 1:
+                    async with store.write() as tx:  # the user pins the item meanwhile
+                        await tx.set_ledger_state(conversation, old.id, "pinned")
 
-            with mock.patch.object(Intake, "guess", guess_then_pin):
-                await ingestor.ingest("t", [*first, user("Quick update: keep spend under $500.")])
+            await ingestor.ingest("t", [*first, user("Quick update: keep spend under $500.")])
+            with mock.patch.object(Intake, "prepare", prepare_then_pin):
+                await read_ledger(store, files, conversation)
             items = await store.read.ledger(conversation, include_superseded=True)
             (new,) = [i for i in items if i.id != old.id]
             assert plans and plans[0].writes[0].state == "active"  # planned before the pin ...
@@ -242,10 +246,11 @@ def test_an_answer_sets_nothing_even_against_a_moved_ledger(where: Location) -> 
     from proxy.engine.answers import record_answer
 
     async def scenario() -> None:
-        async with open_engine(where) as (ingestor, store, _):
+        async with open_engine(where) as (ingestor, store, files):
             first = [user("Let's go with httpx for the client code."), {"role": "assistant", "content": "Sure."}]
             result = await ingestor.ingest("t", first)
             conversation = result.conversation_id
+            await read_ledger(store, files, conversation)
             (old,) = await store.read.ledger(conversation)
             prepare = Intake.prepare
 
@@ -255,17 +260,18 @@ def test_an_answer_sets_nothing_even_against_a_moved_ledger(where: Location) -> 
                     await tx.set_ledger_state(conversation, old.id, "pinned")
 
             answer = {"role": "assistant", "content": "We decided to use requests for the client code instead."}
+            assert await record_answer(ingestor, "t", conversation, 2, result.tip_chain, answer, 0.0)
             with mock.patch.object(Intake, "prepare", prepare_then_pin):
-                assert await record_answer(ingestor, "t", conversation, 2, result.tip_chain, answer, 0.0)
+                await read_ledger(store, files, conversation)
             items = await store.read.ledger(conversation, include_superseded=True)
             assert [(i.value, i.state, i.superseded_by) for i in items] == [(old.value, "pinned", None)]
 
     run(scenario())
 
 
-def test_statements_are_read_in_one_worker_thread_call_per_request(where: Location) -> None:
+def test_statements_are_read_in_one_worker_thread_call_per_run_of_messages(where: Location) -> None:
     async def scenario() -> None:
-        async with open_engine(where) as (ingestor, _, _):
+        async with open_engine(where) as (ingestor, store, files):
             calls: list[int] = []
             to_thread = asyncio.to_thread
 
@@ -275,7 +281,9 @@ def test_statements_are_read_in_one_worker_thread_call_per_request(where: Locati
                 return await to_thread(func, *args)
 
             with mock.patch.object(flow.asyncio, "to_thread", counted):
-                await ingestor.ingest("t", [user(f"Never touch the {w} folder.") for w in WORDS])
+                result = await ingestor.ingest("t", [user(f"Never touch the {w} folder.") for w in WORDS])
+                assert calls == []  # ingest stores them only: they are read after the response
+                await read_ledger(store, files, result.conversation_id)
             assert len(calls) == 2  # one call reads all 15 messages, one plans them
 
     run(scenario())

@@ -97,6 +97,7 @@ def test_a_conversation_ingested_through_the_app_is_logged_once(
             response = proxy.client.post("/v1/chat/completions", json={"model": "test-model",
                                          "messages": transcript[:end]}, headers=ALICE)  # fmt: skip
             assert response.status_code == 200, response.text
+        proxy.wait_idle()  # the messages are read after the response
     conversation = first.headers["x-lcm-conversation-id"]
     assert response.headers["x-lcm-conversation-id"] == conversation
     lines = [r.getMessage() for r in caplog.records if r.name == "lcm_proxy.standing"]
