@@ -71,7 +71,7 @@ def install(pieces: Pieces) -> None:
     pieces.wrap(ingest, "locate", "identity (lookup)")
     pieces.wrap(ingest, "locate_locked", "identity (lookup)")
     pieces.wrap(ingest.Ingestor, "prepare_message", "rows (canonical JSON, token counts, text)")
-    for name in ("read", "prepare", "guess", "follow", "write"):
+    for name in ("read", "prepare", "write"):
         pieces.wrap(Intake, name, "standing instructions")
     pieces.wrap(WriteTransaction, "append_messages", "insert rows + FTS")
     pieces.wrap(ingest.Ingestor, "_commit", "write transaction (begin, commit, rest)")

@@ -33,9 +33,11 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from proxy import tokens
 from proxy.dialects import Dialect
+from proxy.engine.held import Block, apply
 from proxy.engine.intercept import outside_stubs
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
@@ -363,6 +365,13 @@ async def recall_block(
 RECALLED_ID = re.compile(r"^\[msg_(\d+) \|", re.M)
 
 
+class Placement(NamedTuple):
+    messages: list[Message]
+    tokens: int  # added
+    ids: tuple[int, ...]  # of the messages quoted
+    block: Block | None  # as placed (``proxy.engine.held`` keeps it there on the next requests)
+
+
 async def place(
     store: Store,
     conversation_id: str,
@@ -373,19 +382,18 @@ async def place(
     mask: Callable[[str], str],
     earlier: Sequence[Line] = (),
     context: str | None = None,
-) -> tuple[list[Message], int, tuple[int, ...]]:
+) -> Placement:
     """``raw`` (the messages forwarded raw, from seq ``first_raw``) with the excerpts matching the newest user
     message placed where they split the least of the prefix the next request shares with this one (provider
-    prompt caches, llama.cpp's KV cache), since the block differs from request to request:
+    prompt caches, llama.cpp's KV cache); the later requests keep the block there (``proxy.engine.held``):
 
     - when that user message is the request's last, just before its words: the question stays last, which a
-      small model needs (measured: 9 of 12 answers right against 7 with the block after the question), and the
-      next request, which carries the message without the block, diverges only at the message's own words;
+      small model needs (measured: 9 of 12 answers right against 7 with the block after the question);
     - in a round of tool calls, after the last tool result: the next round repeats everything before it.
 
-    Returns (messages, tokens added, message ids quoted). ``context``: the rest of what is forwarded (summaries,
-    ledger); with the raw messages, excerpts whose content words are all in it are left out, and with them the
-    block when none is left.
+    Returns the messages, the tokens added, the message ids quoted and the block as placed. ``context``: the
+    rest of what is forwarded (summaries, ledger, the blocks held); with the raw messages, excerpts whose
+    content words are all in it are left out, and with them the block when none is left.
 
     ``mask`` hides what a later statement replaced (``proxy.engine.standing``); the marker may cost more than
     the words it hides, so the block is measured again after it (Bounded)."""
@@ -393,7 +401,7 @@ async def place(
     while index >= 0 and not dialect.user_turn(dialect.role(raw[index])):
         index -= 1
     if index < 0:
-        return raw, 0, ()  # the instruction itself was summarised (a long agent run): its facts are there
+        return Placement(raw, 0, (), None)  # the instruction itself was summarised (a long run): its facts are there
     query = dialect.question(raw[index])
     # Searched with the user's own words: around a pasted block, the question, not the stub's excerpts of the
     # paste (which would crowd it out of the terms); a message that is all paste is searched with its stub.
@@ -404,7 +412,7 @@ async def place(
     known = frozenset(content_words(forwarded))
     block = await recall_block(store, conversation_id, first_raw, query, cap, earlier, known)
     if block is None:
-        return raw, 0, ()
+        return Placement(raw, 0, (), None)
     masked = mask(block)
     if masked != block and tokens.count_text(masked) > cap:
         smaller = await recall_block(
@@ -412,12 +420,11 @@ async def place(
         )
         masked = mask(smaller) if smaller is not None else ""
         if not masked or tokens.count_text(masked) > cap:
-            return raw, 0, ()
+            return Placement(raw, 0, (), None)
     ids = tuple(int(i) for i in RECALLED_ID.findall(masked))
-    out = list(raw)
     last = len(raw) - 1
     if index == last or dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
-        out[index] = dialect.prepend(raw[index], masked)
+        placed = Block(first_raw + index, masked, tokens.count_text(masked) + 2, ids)
     else:
-        out[last] = dialect.append(raw[last], masked)
-    return out, tokens.count_text(masked) + 2, ids
+        placed = Block(first_raw + last, masked, tokens.count_text(masked) + 2, ids, after=True)
+    return Placement(apply(dialect, raw, first_raw, [placed]), placed.tokens, ids, placed)

@@ -25,7 +25,7 @@ import orjson
 from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
-from proxy.engine import answers, auto_recall, budget, digest, export
+from proxy.engine import answers, auto_recall, budget, digest, export, held
 from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
 from proxy.engine.budget import Budget, Sizes
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
@@ -117,6 +117,7 @@ class ContextEngine:
         self.compactor = Compactor(store, settings, self.guard, self.reader.catch_up)
         self.sweeps = Sweeps(self.compactor, settings)
         self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
+        self.held = held.HeldRecall()  # recall blocks forwarded, kept in their messages (``proxy.engine.held``)
 
     async def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
         """``begin`` (same arguments) then ``finish``: the request's messages, ready to forward."""
@@ -169,11 +170,11 @@ class ContextEngine:
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
         window = getattr(summarizer, "window", None)
-        if self.reader.enabled and conversation.ledger_upto < conversation.message_count:
-            if not self._plain_whatever_the_ledger(conversation, view, count, limit, window, READ_AHEAD):
-                if len(self._unread) > 10_000:  # responses that never ended: their reads wait for the next need
-                    self._unread.clear()
-                self._unread.add(conversation.id)  # read after the response (``after_response``)
+        unread = self.reader.enabled and conversation.ledger_upto < conversation.message_count
+        if unread and not self._plain_whatever_the_ledger(conversation, view, count, limit, window, READ_AHEAD):
+            if len(self._unread) > 10_000:  # responses that never ended: their reads wait for the next need
+                self._unread.clear()
+            self._unread.add(conversation.id)  # read after the response (``after_response``)
         if parent_task is None and self._plain_whatever_the_ledger(conversation, view, count, limit, window):
             standing = Standing.of([])  # forwarded as sent: the ledger is neither forwarded nor reserved for
         else:
@@ -244,10 +245,28 @@ class ContextEngine:
             summaries = standing.masked_summaries(view.summaries)
         if not view.complete:  # eviction may reach any raw message
             view = await self._view(request.conversation, count, limit, dialect, tail=False)
-        try:
-            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
-        except TooLarge:  # the recall and ledger reserves give way
-            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, limit)
+
+        def fitted(costs: list[int], room: int = sizes.context) -> Assembly:
+            try:
+                return fit(dialect, summaries, view.upto, view.roles, costs, room)
+            except TooLarge:  # the recall and ledger reserves give way
+                return fit(dialect, summaries, view.upto, view.roles, costs, limit)
+
+        # The recall blocks earlier requests forwarded stay in their messages while the cut stays where it was.
+        # Should they no longer fit, the newest give way first (read again from there), then the cut moves.
+        kept = self.held.get(conversation_id, count)
+        assembly = fitted(view.costs)
+        recall_room = min(limit, sizes.context + sizes.recall)
+        while kept is not None and kept.blocks:
+            if (kept.first_raw, kept.summaries) != (assembly.first_raw, tuple(s.id for s in assembly.summaries)):
+                kept = None  # the cut moved: everything after it is read again anyway
+                break
+            # (The blocks take the recall share: a new block gets what they leave of it.)
+            with_kept = fitted(held.with_blocks(view.costs, view.upto, kept.blocks), recall_room)
+            if with_kept.first_raw == assembly.first_raw and with_kept.summaries == assembly.summaries:
+                assembly = with_kept
+                break
+            kept = dataclasses.replace(kept, blocks=kept.blocks[:-1])
         if assembly.evicted or assembly.first_raw > view.upto:
             compaction = "deferred" if compaction == "deferred" else "evicted"
             log.info(
@@ -271,20 +290,31 @@ class ContextEngine:
         block, items = standing.block(assembly.first_raw, room, small) if room > 0 else ("", ())
         if block:
             used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
-        recalled: tuple[int, ...] = ()
+        prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
+        key = held.prefix_key(prefix, assembly.first_raw)
+        blocks = kept.blocks if kept is not None and kept.key == key else ()  # (else: their room is left unused)
+        raw = held.apply(dialect, raw, assembly.first_raw, blocks)
+        recalled = tuple(i for b in blocks for i in b.ids)
         earlier = await self._continued(request.scope, request.conversation)
-        if self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0:
-            # At most a quarter of the message limit: the block changes with every question, so each request
-            # re-reads all of it (a provider's cache, llama.cpp's slot), and in a 2k window a block of five
-            # excerpts cost more than the turn itself.
+        last_user = _last_user(dialect, raw, assembly.first_raw)
+        again = any(b.seq == last_user for b in blocks)  # the same question again (a retry): it has its block
+        recalling = self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0
+        if recalling and not again:
+            # At most a quarter of the message limit per block: in a 2k window a block of five excerpts cost more
+            # than the turn itself.
             cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
+            if blocks:  # beside the blocks held, no more than the next request can hold too
+                cap = min(cap, recall_room - used - 8)
             context = "\n".join([block, *(s.content for s in assembly.summaries)])
-            raw, recall_tokens, recalled = await auto_recall.place(
+            placement = await auto_recall.place(
                 self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier,
                 context,
             )  # fmt: skip
-            used += recall_tokens
-        prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
+            raw, used, recalled = placement.messages, used + placement.tokens, recalled + placement.ids
+            if placement.block is not None:
+                blocks = (*blocks, placement.block)
+        summary_ids = tuple(s.id for s in assembly.summaries)
+        self.held.keep(conversation_id, held.Held(assembly.first_raw, summary_ids, key, tuple(blocks)))
         sent = Sent(
             tuple(s.id for s in assembly.summaries),
             tuple(assembly.evicted),
@@ -520,3 +550,11 @@ def _loads(text: str) -> list[tuple[list[str | int], str]]:
 
 
 __all__ += ["Assembly", "Sent"]
+
+
+def _last_user(dialect: Dialect, raw: list[Message], first_raw: int) -> int:
+    """The seq of the newest user message forwarded raw (-1: none)."""
+    for i in range(len(raw) - 1, -1, -1):
+        if dialect.user_turn(dialect.role(raw[i])):
+            return first_raw + i
+    return -1

@@ -37,7 +37,7 @@ from proxy.engine.explore.request import request_explorer
 from proxy.engine.export import export_conversation
 from proxy.engine.identity import Action, Located, locate, locate_locked, new_conversation_id, replaces_relayed_answer
 from proxy.engine.intercept import Interception, Interceptor, Payload, apply_patches, file_id_for
-from proxy.engine.rows import OFF_LOOP_CHARS, ToolNames, prepare_message, weight
+from proxy.engine.rows import ToolNames, prepare_message
 from proxy.engine.seen import Fingerprint, Seen
 from proxy.engine.summarize import Guard
 from proxy.store.base import BlobBatch, Blobs, Store, Writes, reads_for

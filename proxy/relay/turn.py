@@ -122,7 +122,9 @@ class Call:
         """What the engine does once the response is sent: read the turn's messages for standing instructions,
         the compaction the request calls for."""
         engine, summarizer = self.state.engine, self.summarizer
-        if prepared is None or (prepared.compaction not in ("scheduled", "deferred", "evicted") and not engine.unread(prepared)):
+        if prepared is None:
+            return None
+        if prepared.compaction not in ("scheduled", "deferred", "evicted") and not engine.unread(prepared):
             return None
 
         async def compact() -> None:

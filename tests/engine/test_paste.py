@@ -290,7 +290,9 @@ def test_auto_recall_searches_with_the_question_not_the_stub(tmp_path: Path) -> 
             assert result.conversation_id is not None
             last = len(earlier)
             raw = [result.messages[last]]
-            out, added, ids = await auto_recall.place(store, result.conversation_id, last, raw, 400, CHAT, lambda s: s)
+            out, added, ids, _ = await auto_recall.place(
+                store, result.conversation_id, last, raw, 400, CHAT, lambda s: s
+            )
             assert added > 0 and len(ids) >= 1
             content = out[0]["content"]
             assert sister in content.split("</recalled_history>")[0]

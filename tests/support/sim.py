@@ -106,6 +106,18 @@ class Stats:
         return extends / len(pairs)
 
 
+def extends(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> bool:
+    """Whether ``after`` repeats ``before`` byte for byte, recall blocks included (True), or gave way only the
+    newest recall blocks ``before`` held: equal up to the first of them, the same messages without their blocks
+    from there on (False; ``proxy.engine.held``). Anything else fails."""
+    if after[: len(before)] == before:
+        return True
+    k = next(i for i, (a, b) in enumerate(zip(after, before, strict=False)) if a != b)
+    assert "<recalled_history " in str(before[k].get("content")), f"message {k} changed, not a recall block"
+    assert [without_recall(m) for m in after[k : len(before)]] == [without_recall(m) for m in before[k:]]
+    return False
+
+
 def forwarded_tokens(body: dict[str, Any]) -> int:
     total = tokens.count_messages(body["messages"])
     if body.get("tools"):
