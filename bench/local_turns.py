@@ -248,7 +248,7 @@ def run_real(args: argparse.Namespace) -> list[Way]:
 def run_fake(args: argparse.Namespace) -> list[Way]:
     from tests.support.slot import SlotServer
 
-    slot = SlotServer(n_ctx=WINDOW)
+    slot = SlotServer(n_ctx=WINDOW, verbose=True)  # answers and summaries as long as they may be
 
     def log() -> list[tuple[float, bool, int | None]]:
         return [(c.started, c.summary, c.prompt_n) for c in list(slot.calls)]

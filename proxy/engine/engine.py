@@ -20,21 +20,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
-from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import CHAT, Dialect, count_messages, split_instructions
-from proxy.engine import answers, auto_recall, budget, digest, export, held
-from proxy.engine.assemble import Assembly, TooLarge, fit, join, required_start
-from proxy.engine.budget import Budget, Sizes
+from proxy.engine import answers, budget, digest, export
+from proxy.engine.assemble import Assembly, required_start
+from proxy.engine.budget import Budget
 from proxy.engine.compaction import Compactor, SweepReport, covering_prefix
+from proxy.engine.compose import Composer, Request
 from proxy.engine.errors import ConversationBusy
 from proxy.engine.explore import TextSummarizer
-from proxy.engine.ingest import Ingestor, IngestResult, Thresholds
-from proxy.engine.intercept import apply_patches
+from proxy.engine.ingest import Ingestor, Thresholds
 from proxy.engine.prepared import Compaction, Prepared, Sent, View
-from proxy.engine.render import summaries_text
 from proxy.engine.seen import Fingerprint, Seen
 from proxy.engine.standing import Standing
 from proxy.engine.standing.reader import LedgerReader
@@ -47,30 +43,10 @@ from proxy.types import Message, Messages
 __all__ = ["Budget", "ContextEngine", "Prepared", "RequestSummarizer"]
 
 log = logging.getLogger("lcm_proxy.engine")
-MASK_OFF_LOOP_CHARS = 32_000  # summary text beyond which stale values are masked in a worker thread
 
 
 class RequestSummarizer(Summarizer, TextSummarizer, Protocol):
     """What the engine needs from the request's summary model (implemented by the wire side)."""
-
-
-@dataclass(frozen=True)
-class _Request:
-    """What ``begin`` learnt about a request, for ``finish``."""
-
-    scope: str
-    messages: Messages
-    ingested: IngestResult
-    instructions: Messages
-    instruction_tokens: int
-    limit: int
-    sizes: Sizes
-    conversation: ConversationRecord
-    count: int
-    view: View
-    tools_offered: bool
-    dialect: Dialect
-    standing: Standing
 
 
 @dataclass
@@ -78,7 +54,7 @@ class Preparation:
     """A request between ``begin`` and ``finish``: ``compacting`` is the inline compaction it waits for."""
 
     engine: ContextEngine
-    request: _Request | None = None
+    request: Request | None = None
     compacting: asyncio.Task[SweepReport] | None = None
     done: Prepared | None = None
 
@@ -116,8 +92,7 @@ class ContextEngine:
         self._unread: set[str] = set()  # conversations with messages stored by this process's requests, not read
         self.compactor = Compactor(store, settings, self.guard, self.reader.catch_up)
         self.sweeps = Sweeps(self.compactor, settings)
-        self._last_sent: dict[str, str] = {}  # conversation id -> composition last recorded by this process
-        self.held = held.HeldRecall()  # recall blocks forwarded, kept in their messages (``proxy.engine.held``)
+        self.composer = Composer(store, settings)  # a compacted request's context (``proxy.engine.compose``)
 
     async def prepare(self, *args: Any, **kwargs: Any) -> Prepared:
         """``begin`` (same arguments) then ``finish``: the request's messages, ready to forward."""
@@ -188,7 +163,7 @@ class ContextEngine:
             refusal = budget.too_large(required, limit, request_budget, instruction_tokens)
             refusal.conversation_id = ingested.conversation_id
             raise refusal
-        request = _Request(
+        request = Request(
             scope, messages, ingested, instructions, instruction_tokens, limit, sizes, conversation, count, view,
             tools_offered, dialect, standing,
         )  # fmt: skip
@@ -204,7 +179,7 @@ class ContextEngine:
         # server is idle; this request is answered from what fits (``_finish`` schedules the compaction).
         return Preparation(self, request)
 
-    async def _finish(self, request: _Request, compacting: asyncio.Task[SweepReport] | None) -> Prepared:
+    async def _finish(self, request: Request, compacting: asyncio.Task[SweepReport] | None) -> Prepared:
         ingested, conversation, count, view = request.ingested, request.conversation, request.count, request.view
         sizes, limit = request.sizes, request.limit
         compaction: Compaction = "none"
@@ -226,120 +201,13 @@ class ContextEngine:
             stubs = ingested.messages is not request.messages  # huge payloads were stubbed at ingest
             return Prepared(
                 conversation.id, ingested.messages, ingested.tokens_sent, ingested.tokens_forwarded, compaction,
-                limit, self._offer_tools(stubs, request.tools_offered), max(0, limit - view.tokens), count,
+                limit, self.composer.offer_tools(stubs, request.tools_offered), max(0, limit - view.tokens), count,
                 Sent(tokens=view.tokens), sizes, ingested.tip_chain, request.dialect,
             )  # fmt: skip
-        return await self._assemble(request, conversation.id, view, compact, compaction)
-
-    async def _assemble(
-        self, request: _Request, conversation_id: str, view: View, compact: dict[int, str], compaction: Compaction
-    ) -> Prepared:
-        """``instructions + summaries + raw messages`` within the request's limit, with what auto-recall adds."""
-        ingested, dialect, sizes, limit = request.ingested, request.dialect, request.sizes, request.limit
-        count = request.count
-        standing = request.standing
-        # A superseded value does not come back through the summaries (masked copies; long ones off the loop).
-        if standing.stale is not None and sum(len(s.content) for s in view.summaries) > MASK_OFF_LOOP_CHARS:
-            summaries = await asyncio.to_thread(standing.masked_summaries, view.summaries)
-        else:
-            summaries = standing.masked_summaries(view.summaries)
         if not view.complete:  # eviction may reach any raw message
-            view = await self._view(request.conversation, count, limit, dialect, tail=False)
-
-        def fitted(costs: list[int], room: int = sizes.context) -> Assembly:
-            try:
-                return fit(dialect, summaries, view.upto, view.roles, costs, room)
-            except TooLarge:  # the recall and ledger reserves give way
-                return fit(dialect, summaries, view.upto, view.roles, costs, limit)
-
-        # The recall blocks earlier requests forwarded stay in their messages while the cut stays where it was.
-        # Should they no longer fit, the newest give way first (read again from there), then the cut moves.
-        kept = self.held.get(conversation_id, count)
-        assembly = fitted(view.costs)
-        recall_room = min(limit, sizes.context + sizes.recall)
-        while kept is not None and kept.blocks:
-            if (kept.first_raw, kept.summaries) != (assembly.first_raw, tuple(s.id for s in assembly.summaries)):
-                kept = None  # the cut moved: everything after it is read again anyway
-                break
-            # (The blocks take the recall share: a new block gets what they leave of it.)
-            with_kept = fitted(held.with_blocks(view.costs, view.upto, kept.blocks), recall_room)
-            if with_kept.first_raw == assembly.first_raw and with_kept.summaries == assembly.summaries:
-                assembly = with_kept
-                break
-            kept = dataclasses.replace(kept, blocks=kept.blocks[:-1])
-        if assembly.evicted or assembly.first_raw > view.upto:
-            compaction = "deferred" if compaction == "deferred" else "evicted"
-            log.info(
-                "%s: %d summaries and %d messages left the forwarded view to fit %d tokens",
-                conversation_id,
-                len(assembly.evicted),
-                assembly.first_raw - view.upto,
-                sizes.context,
-            )
-        transcript = ingested.messages[len(request.instructions) :]  # huge payloads already stubbed
-        raw: list[Message] = []
-        for seq in range(assembly.first_raw, count):
-            message = transcript[seq]
-            if seq in compact:
-                message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
-            raw.append(message)
-        used = assembly.tokens
-        # The ledger: right after the instructions, before the summaries, within its share (and the room left).
-        room = min(max(sizes.ledger, budget.ledger_share(self.settings, limit)), limit - used - 8)
-        small = budget.compact_ledger(limit)
-        block, items = standing.block(assembly.first_raw, room, small) if room > 0 else ("", ())
-        if block:
-            used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
-        prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
-        key = held.prefix_key(prefix, assembly.first_raw)
-        blocks = kept.blocks if kept is not None and kept.key == key else ()  # (else: their room is left unused)
-        raw = held.apply(dialect, raw, assembly.first_raw, blocks)
-        recalled = tuple(i for b in blocks for i in b.ids)
+            view = await self._view(request.conversation, count, limit, request.dialect, tail=False)
         earlier = await self._continued(request.scope, request.conversation)
-        last_user = _last_user(dialect, raw, assembly.first_raw)
-        again = any(b.seq == last_user for b in blocks)  # the same question again (a retry): it has its block
-        recalling = self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0
-        if recalling and not again:
-            # At most a quarter of the message limit per block: in a 2k window a block of five excerpts cost more
-            # than the turn itself.
-            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
-            if blocks:  # beside the blocks held, no more than the next request can hold too
-                cap = min(cap, recall_room - used - 8)
-            context = "\n".join([block, *(s.content for s in assembly.summaries)])
-            placement = await auto_recall.place(
-                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier,
-                context,
-            )  # fmt: skip
-            raw, used, recalled = placement.messages, used + placement.tokens, recalled + placement.ids
-            if placement.block is not None:
-                blocks = (*blocks, placement.block)
-        summary_ids = tuple(s.id for s in assembly.summaries)
-        self.held.keep(conversation_id, held.Held(assembly.first_raw, summary_ids, key, tuple(blocks)))
-        sent = Sent(
-            tuple(s.id for s in assembly.summaries),
-            tuple(assembly.evicted),
-            assembly.first_raw,
-            assembly.first_raw - view.upto,
-            recalled,
-            used,
-            items,
-        )
-        await self._record(conversation_id, sent, view.upto)
-        return Prepared(
-            conversation_id,
-            join(dialect, request.instructions, prefix, raw),
-            ingested.tokens_sent,
-            request.instruction_tokens + used + 3,
-            compaction,
-            limit,
-            self._offer_tools(True, request.tools_offered),
-            max(0, limit - used),
-            count,
-            sent,
-            sizes,
-            ingested.tip_chain,
-            dialect,
-        )
+        return await self.composer.compose(request, view, compact, compaction, earlier)
 
     async def _standing(self, conversation: ConversationRecord) -> Standing:
         """The conversation's ledger (none when it is off), its messages not read yet read first."""
@@ -394,32 +262,6 @@ class ContextEngine:
         required = required_start(dialect, roles, costs, upto, count, limit) if costs else count
         return View(summaries, upto, roles, costs, required, dialect)
 
-    async def _record(self, conversation_id: str, sent: Sent, upto: int) -> None:
-        """Store what was forwarded when its composition changed (compaction moments, eviction), for the admin
-        views and ``show``: they report what the model saw, not only what is stored."""
-        composition = orjson.dumps(
-            {
-                "summaries": sent.summaries,
-                "evicted": sent.evicted,
-                "upto": upto,
-                "first_raw": sent.first_raw,
-                "dropped": sent.dropped,
-                "ledger": sent.ledger,
-            }
-        ).decode()
-        if self._last_sent.get(conversation_id) == composition:
-            return
-        async with self.store.write() as tx:
-            await tx.set_last_sent(conversation_id, composition)
-        if len(self._last_sent) > 10_000:
-            self._last_sent.clear()
-        self._last_sent[conversation_id] = composition
-
-    def _offer_tools(self, compacted: bool, allowed: bool) -> bool:
-        """Offer the recall tools when the model may have them (``allowed``: the wire side knows the model)
-        and there is something to recall (summaries or stubs), or always when configured so."""
-        return allowed and (compacted or self.settings.retrieval_tools == "always")
-
     async def _conversation(self, scope: str, conversation_id: str) -> ConversationRecord:
         conversation = await self.store.read.conversation(scope, conversation_id)
         if conversation is None:  # deleted (the admin API, the CLI, retention) while this request was in flight
@@ -427,7 +269,7 @@ class ContextEngine:
         return conversation
 
     async def _after_parent(
-        self, request: _Request, parent: asyncio.Task[SweepReport], summarizer: RequestSummarizer | None
+        self, request: Request, parent: asyncio.Task[SweepReport], summarizer: RequestSummarizer | None
     ) -> SweepReport:
         """The fork's side of its parent's running compaction: wait for it (within the inline deadline), take
         its summaries of the shared prefix, then compact the fork itself only if it is still over its share."""
@@ -545,16 +387,4 @@ class ContextEngine:
         await self.reader.close()
 
 
-def _loads(text: str) -> list[tuple[list[str | int], str]]:
-    return [(p, v) for p, v in orjson.loads(text)]
-
-
 __all__ += ["Assembly", "Sent"]
-
-
-def _last_user(dialect: Dialect, raw: list[Message], first_raw: int) -> int:
-    """The seq of the newest user message forwarded raw (-1: none)."""
-    for i in range(len(raw) - 1, -1, -1):
-        if dialect.user_turn(dialect.role(raw[i])):
-            return first_raw + i
-    return -1

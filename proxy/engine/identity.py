@@ -104,7 +104,7 @@ async def locate_locked(
     if expected is not None and await tx.lock_conversation(expected):
         held.add(expected)
     while True:
-        located = await locate(tx, scope, chains, conversation_key)
+        located = await locate(tx.locked_reads, scope, chains, conversation_key)
         found = located.conversation
         if found is None or found.id in held:
             return located

@@ -226,6 +226,13 @@ class Writes(Reads, Protocol):
         (what this transaction read before taking the lock may be stale: read it again)."""
         ...
 
+    @property
+    def locked_reads(self) -> Reads:
+        """Reads that see everything committed, for decisions under this transaction's locks (identity) before
+        it writes anything: the transaction itself, or where it holds the store's only write lock (SQLite), the
+        request path's reader, which sees the same and costs no hop to the writer's thread."""
+        ...
+
     async def create_conversation(
         self,
         conversation_id: str,

@@ -57,6 +57,8 @@ class SlotCall:
 class SlotServer:
     n_ctx: int = 2048
     answer: str = "Noted. Start small and keep a notebook."
+    # Like a small real model: every answer and summary runs to the request's max_tokens.
+    verbose: bool = False
     calls: list[SlotCall] = field(default_factory=list)
     _slot: list[int] = field(default_factory=list)
 
@@ -100,6 +102,9 @@ class SlotServer:
             content = "Summary: " + " ".join(re.findall(r"[A-Za-z0-9_]+", source)[:40])
         else:
             content = self.answer
+        if self.verbose and body.get("max_tokens"):
+            words = re.findall(r"[A-Za-z0-9_]+", str(body["messages"][-1].get("content"))) or ["noted"]
+            content = " ".join(words[i % len(words)] for i in range(int(body["max_tokens"]) * 3 // 4))
         timings = {"prompt_n": prompt_n, "predicted_n": 8}
         usage = {"prompt_tokens": len(prompt), "completion_tokens": 8, "total_tokens": len(prompt) + 8}
         reply = {

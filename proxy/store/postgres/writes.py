@@ -30,6 +30,10 @@ OFF_LOOP_CHARS = 200_000  # texts of one append longer than this are folded into
 
 
 class PostgresWrites(PostgresReads, PostgresRemoval, PostgresLedgerWrites):
+    @property
+    def locked_reads(self) -> PostgresWrites:
+        return self  # writers run side by side: only this transaction's reads come after its locks
+
     async def _lock(self, key: str) -> None:
         await self._run("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"{LOCK_NAMESPACE}:{key}",))
 

@@ -206,7 +206,7 @@ class SQLiteStore:
                 raise
             try:
                 with busy_is_retryable():
-                    yield WriteTransaction(writer)
+                    yield WriteTransaction(writer, Queries(self._loop_reader) if self._loop_reader else None)
             except BaseException:
                 await _uncancellable(writer.rollback())
                 raise

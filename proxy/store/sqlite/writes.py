@@ -22,8 +22,15 @@ from proxy.store.sqlite.reads import FILE_COLUMNS, RESPONSE_COLUMNS, SUM_COLUMNS
 class WriteTransaction(SQLiteRemoval, SQLiteLedgerWrites, Queries):
     conn: aiosqlite.Connection
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, fresh: Queries | None = None) -> None:
         self.conn = conn
+        self._fresh = fresh
+
+    @property
+    def locked_reads(self) -> Queries:
+        # BEGIN IMMEDIATE holds the database's write lock: no other connection can commit until this one ends,
+        # so the loop's reader (autocommit: a snapshot per statement) sees what this transaction would.
+        return self._fresh if self._fresh is not None else self
 
     # This store's writers are serialised (one process: ``SQLiteStore._lock``; several: BEGIN IMMEDIATE), so
     # every transaction already holds every lock.
