@@ -67,15 +67,16 @@ async def record_answer(
         # Its standing instructions are read after the response (``proxy.engine.standing.reader``).
         async with store.write() as tx:
             await tx.lock_conversation(conversation_id)
-            conversation = await tx.conversation(scope, conversation_id)
+            q = tx.locked_reads  # (decided under the lock, before anything is written)
+            conversation = await q.conversation(scope, conversation_id)
             if conversation is None:
                 return False
-            if length > 0 and not await tx.chain_in_conversation(conversation_id, length - 1, previous):
+            if length > 0 and not await q.chain_in_conversation(conversation_id, length - 1, previous):
                 return False
             if conversation.message_count == length + 1:
-                if await tx.replaceable_answer(conversation_id) != length:
+                if await q.replaceable_answer(conversation_id) != length:
                     return False
-                if await tx.chain_in_conversation(conversation_id, length, chain):
+                if await q.chain_in_conversation(conversation_id, length, chain):
                     return False  # this very answer is already stored
                 if (await tx.relayed_answer_asked_at(conversation_id) or 0.0) > asked_at:
                     return False  # a later request's answer (a regenerate, a retry) is there: it stays

@@ -90,6 +90,7 @@ class ContextEngine:
         # Messages are read for standing instructions after the response, or before the ledger is needed.
         self.reader = LedgerReader(store, files, standing)
         self._unread: set[str] = set()  # conversations with messages stored by this process's requests, not read
+        self._near: set[str] = set()  # conversations past READ_AHEAD at their last request
         self.compactor = Compactor(store, settings, self.guard, self.reader.catch_up)
         self.sweeps = Sweeps(self.compactor, settings)
         self.composer = Composer(store, settings)  # a compacted request's context (``proxy.engine.compose``)
@@ -145,11 +146,17 @@ class ContextEngine:
         count = len(ingested.messages) - len(instructions)
         view = await self._view(conversation, count, limit, dialect)
         window = getattr(summarizer, "window", None)
-        unread = self.reader.enabled and conversation.ledger_upto < conversation.message_count
-        if unread and not self._plain_whatever_the_ledger(conversation, view, count, limit, window, READ_AHEAD):
-            if len(self._unread) > 10_000:  # responses that never ended: their reads wait for the next need
+        if self.reader.enabled and not self._plain_whatever_the_ledger(
+            conversation, view, count, limit, window, READ_AHEAD
+        ):
+            if len(self._near) > 10_000:  # responses that never ended: their reads wait for the next need
+                self._near.clear()
                 self._unread.clear()
-            self._unread.add(conversation.id)  # read after the response (``after_response``)
+            self._near.add(conversation.id)
+            if conversation.ledger_upto < conversation.message_count:
+                self._unread.add(conversation.id)  # read after the response (``after_response``)
+        else:
+            self._near.discard(conversation.id)
         if parent_task is None and self._plain_whatever_the_ledger(conversation, view, count, limit, window):
             standing = Standing.of([])  # forwarded as sent: the ledger is neither forwarded nor reserved for
         else:
@@ -372,7 +379,7 @@ class ContextEngine:
             asked_at,
             prepared.dialect,
         )
-        if stored and self.reader.enabled:
+        if stored and prepared.conversation_id in self._near:
             self._unread.add(prepared.conversation_id)  # read with the turn's messages (``after_response``)
         return stored
 
