@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from proxy import tokens
 from proxy.dialects import Dialect
-from proxy.engine.held import Block, apply
+from proxy.engine.held import Block, apply, digest
 from proxy.engine.intercept import outside_stubs
 from proxy.engine.neutralise import defang_markers, neutralise
 from proxy.engine.render import timestamp
@@ -423,8 +423,9 @@ async def place(
             return Placement(raw, 0, (), None)
     ids = tuple(int(i) for i in RECALLED_ID.findall(masked))
     last = len(raw) - 1
+    cost = tokens.count_text(masked) + 2
     if index == last or dialect.role(raw[last]) == "assistant":  # (an assistant prefill stays untouched)
-        placed = Block(first_raw + index, masked, tokens.count_text(masked) + 2, ids)
+        placed = Block(first_raw + index, masked, cost, ids, digest(raw[index]))
     else:
-        placed = Block(first_raw + last, masked, tokens.count_text(masked) + 2, ids, after=True)
-    return Placement(apply(dialect, raw, first_raw, [placed]), placed.tokens, ids, placed)
+        placed = Block(first_raw + last, masked, cost, ids, digest(raw[last]), after=True)
+    return Placement(apply(dialect, raw, first_raw, [placed])[0], placed.tokens, ids, placed)

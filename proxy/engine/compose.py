@@ -129,10 +129,11 @@ class Composer:
         prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
         key = held.prefix_key(prefix, assembly.first_raw)
         blocks = kept.blocks if kept is not None and kept.key == key else ()  # (else: their room is left unused)
-        raw = held.apply(dialect, raw, assembly.first_raw, blocks)
+        raw, blocks = held.apply(dialect, raw, assembly.first_raw, blocks)
         recalled = tuple(i for b in blocks for i in b.ids)
-        last_user = _last_user(dialect, raw, assembly.first_raw)
-        again = any(b.seq == last_user for b in blocks)  # the same question again (a retry): it has its block
+        # The same question or tool round again (a retry): where a new block would go, one is held already.
+        newest = (_last_user(dialect, raw, assembly.first_raw), assembly.first_raw + len(raw) - 1)
+        again = any(b.seq in newest for b in blocks)
         recalling = self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0
         if recalling and not again:
             # At most a quarter of the message limit per block: in a 2k window a block of five excerpts cost more

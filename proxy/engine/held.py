@@ -20,6 +20,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from proxy.dialects import Dialect
 from proxy.types import Message
 
@@ -28,13 +30,25 @@ MAX_CONVERSATIONS = 10_000
 
 @dataclass(frozen=True)
 class Block:
-    """One recall block as forwarded: into message ``seq``, after its content or before it."""
+    """One recall block as forwarded: into message ``seq`` (whose digest without it was ``anchor``), after its
+    content or before it."""
 
     seq: int
     text: str
     tokens: int
     ids: tuple[int, ...]
+    anchor: str
     after: bool = False
+
+
+def digest(message: Message) -> str:
+    """What a block's message was: a block goes back only into the very same message (a deletion that kept a
+    prefix, and new messages after it, may put another message at its place)."""
+    try:
+        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # (a value orjson cannot write: the block is not held)
+        return ""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -61,14 +75,18 @@ def with_blocks(costs: Sequence[int], start: int, blocks: Sequence[Block]) -> li
     return out
 
 
-def apply(dialect: Dialect, raw: Sequence[Message], first_raw: int, blocks: Sequence[Block]) -> list[Message]:
-    """``raw`` (from seq ``first_raw``) with each block back in its message, as it was forwarded."""
-    out = list(raw)
+def apply(
+    dialect: Dialect, raw: Sequence[Message], first_raw: int, blocks: Sequence[Block]
+) -> tuple[list[Message], tuple[Block, ...]]:
+    """``raw`` (from seq ``first_raw``) with each block back in its message, as it was forwarded, and the
+    blocks that went back (a block whose message is no longer the one it went into does not)."""
+    out, placed = list(raw), []
     for block in blocks:
         i = block.seq - first_raw
-        if 0 <= i < len(out):
+        if 0 <= i < len(out) and block.anchor and digest(out[i]) == block.anchor:
             out[i] = dialect.append(out[i], block.text) if block.after else dialect.prepend(out[i], block.text)
-    return out
+            placed.append(block)
+    return out, tuple(placed)
 
 
 class HeldRecall:

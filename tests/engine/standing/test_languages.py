@@ -97,8 +97,11 @@ def test_a_conversation_ingested_through_the_app_is_logged_once(
             response = proxy.client.post("/v1/chat/completions", json={"model": "test-model",
                                          "messages": transcript[:end]}, headers=ALICE)  # fmt: skip
             assert response.status_code == 200, response.text
-        proxy.wait_idle()  # the messages are read after the response
-    conversation = first.headers["x-lcm-conversation-id"]
+        conversation = first.headers["x-lcm-conversation-id"]
+        # Far below its threshold the conversation is read when its ledger is asked for (here), not before.
+        listed = proxy.client.get(f"/lcm/conversations/{conversation}/ledger", headers=ALICE)
+        assert listed.status_code == 200, listed.text
+        proxy.wait_idle()
     assert response.headers["x-lcm-conversation-id"] == conversation
     lines = [r.getMessage() for r in caplog.records if r.name == "lcm_proxy.standing"]
     assert lines == [

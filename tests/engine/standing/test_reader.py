@@ -87,15 +87,17 @@ def test_a_turn_nearing_compaction_is_forwarded_before_its_messages_are_read(whe
             assert heard.texts == Counter()  # nothing read before the request is forwarded
             assert await texts(store, prepared.conversation_id) == []
             assert engine.unread(prepared)
+            answer = assistant("Understood.")
+            assert await engine.record_answer("t", prepared, answer, 1.0)  # the relayed answer, read with them
             await engine.after_response(prepared, None)  # the wire layer's hook, once the response is sent
             await engine.wait_idle()  # the background read, tracked by the engine
-        assert heard.texts == Counter(str(m["content"]) for m in transcript)  # each message read once
+        assert heard.texts == Counter(str(m["content"]) for m in [*transcript, answer])  # each read once
         assert await texts(store, prepared.conversation_id) == [
             ("constraint", "The budget cap is $800 for this quarter.", True),
             ("rule", "Two ground rules: never push to main.", True),
         ]
         conversation = await store.read.conversation("t", prepared.conversation_id)
-        assert conversation.ledger_upto == conversation.message_count == len(transcript)
+        assert conversation.ledger_upto == conversation.message_count == len(transcript) + 1
         await engine.close()
         await store.close()
 
@@ -231,8 +233,7 @@ def test_a_replaced_relayed_answer_takes_the_watermark_back(where: Location) -> 
         assert await engine.record_answer("t", prepared, assistant("First we write the tests."), 2.0)
         record = await store.read.conversation("t", cid)
         assert (record.ledger_upto, record.message_count) == (3, 4)
-        await engine.after_response(prepared, None)
-        await engine.wait_idle()
+        await engine.reader.catch_up(cid)  # (far below its threshold: read when the ledger is asked for)
         assert (await store.read.conversation("t", cid)).ledger_upto == 4
         await engine.close()
         await store.close()
