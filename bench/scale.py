@@ -32,6 +32,7 @@ from proxy.app import create_app
 from proxy.config.lcm import LcmSettings
 from proxy.config.loading import parse_config
 from proxy.engine import auto_recall, ingest
+from proxy.engine.compose import Composer
 from proxy.engine.engine import Budget, ContextEngine
 from proxy.engine.seen import Seen
 from proxy.engine.standing.intake import Intake
@@ -78,7 +79,7 @@ def install(pieces: Pieces) -> None:
     pieces.wrap(ingest.Ingestor, "_result", "ingest result (overrides, token sums)")
     pieces.wrap(ContextEngine, "_view", "view (roles, costs)")
     pieces.wrap(auto_recall, "place", "auto-recall")
-    pieces.wrap(ContextEngine, "_assemble", "assemble (rest)")
+    pieces.wrap(Composer, "compose", "assemble (rest)")
     pieces.wrap(Sweeps, "wait_inline", "inline compaction")
     pieces.wrap(ContextEngine, "prepare", "engine (rest)")
 

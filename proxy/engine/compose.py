@@ -9,7 +9,6 @@ What was forwarded is recorded when its composition changes, for the admin views
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from proxy import tokens
 from proxy.config.lcm import LcmSettings
 from proxy.dialects import Dialect
 from proxy.engine import auto_recall, budget, held
-from proxy.engine.assemble import Assembly, TooLarge, fit, join
+from proxy.engine.assemble import TooLarge, fit, join
 from proxy.engine.budget import Sizes
 from proxy.engine.ingest import IngestResult
 from proxy.engine.intercept import apply_patches
@@ -82,27 +81,10 @@ class Composer:
         else:
             summaries = standing.masked_summaries(view.summaries)
 
-        def fitted(costs: list[int], room: int = sizes.context) -> Assembly:
-            try:
-                return fit(dialect, summaries, view.upto, view.roles, costs, room)
-            except TooLarge:  # the recall and ledger reserves give way
-                return fit(dialect, summaries, view.upto, view.roles, costs, limit)
-
-        # The recall blocks earlier requests forwarded stay in their messages while the cut stays where it was.
-        # Should they no longer fit, the newest give way first (read again from there), then the cut moves.
-        kept = self.held.get(conversation_id, count)
-        assembly = fitted(view.costs)
-        recall_room = min(limit, sizes.context + sizes.recall)
-        while kept is not None and kept.blocks:
-            if (kept.first_raw, kept.summaries) != (assembly.first_raw, tuple(s.id for s in assembly.summaries)):
-                kept = None  # the cut moved: everything after it is read again anyway
-                break
-            # (The blocks take the recall share: a new block gets what they leave of it.)
-            with_kept = fitted(held.with_blocks(view.costs, view.upto, kept.blocks), recall_room)
-            if with_kept.first_raw == assembly.first_raw and with_kept.summaries == assembly.summaries:
-                assembly = with_kept
-                break
-            kept = dataclasses.replace(kept, blocks=kept.blocks[:-1])
+        try:
+            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, sizes.context)
+        except TooLarge:  # the recall and ledger reserves give way
+            assembly = fit(dialect, summaries, view.upto, view.roles, view.costs, limit)
         if assembly.evicted or assembly.first_raw > view.upto:
             compaction = "deferred" if compaction == "deferred" else "evicted"
             log.info(
@@ -113,12 +95,12 @@ class Composer:
                 sizes.context,
             )
         transcript = ingested.messages[len(request.instructions) :]  # huge payloads already stubbed
-        raw: list[Message] = []
-        for seq in range(assembly.first_raw, count):
+
+        def raw_at(seq: int) -> Message:
             message = transcript[seq]
-            if seq in compact:
-                message = apply_patches(message, [(p, v) for p, v in _loads(compact[seq])])
-            raw.append(message)
+            return apply_patches(message, [(p, v) for p, v in _loads(compact[seq])]) if seq in compact else message
+
+        raw = [raw_at(seq) for seq in range(assembly.first_raw, count)]
         used = assembly.tokens
         # The ledger: right after the instructions, before the summaries, within its share (and the room left).
         room = min(max(sizes.ledger, budget.ledger_share(self.settings, limit)), limit - used - 8)
@@ -127,28 +109,47 @@ class Composer:
         if block:
             used += tokens.count_text(block) + 6  # its own message, or a paragraph of the first one
         prefix = "\n".join(p for p in (block, summaries_text(assembly.summaries)) if p) or None
+        summary_ids = tuple(s.id for s in assembly.summaries)
+        # The recall blocks earlier requests forwarded, kept in their messages while what comes before the raw
+        # messages is what they were placed after, each in the very message it went into (a new question at a
+        # retried one's place is another message).
         key = held.prefix_key(prefix, assembly.first_raw)
-        blocks = kept.blocks if kept is not None and kept.key == key else ()  # (else: their room is left unused)
-        raw, blocks = held.apply(dialect, raw, assembly.first_raw, blocks)
-        recalled = tuple(i for b in blocks for i in b.ids)
+        kept = self.held.get(conversation_id, count)
+        candidates: tuple[held.Block, ...] = ()
+        if kept is not None and (kept.key, kept.summaries) == (key, summary_ids):
+            candidates = tuple(
+                b for b in kept.blocks if b.seq >= assembly.first_raw and held.digest(raw_at(b.seq)) == b.anchor
+            )
         # The same question or tool round again (a retry): where a new block would go, one is held already.
         newest = (_last_user(dialect, raw, assembly.first_raw), assembly.first_raw + len(raw) - 1)
-        again = any(b.seq in newest for b in blocks)
+        again = any(b.seq in newest for b in candidates)
         recalling = self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0
-        if recalling and not again:
-            # At most a quarter of the message limit per block: in a 2k window a block of five excerpts cost more
-            # than the turn itself.
-            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
-            if blocks:  # beside the blocks held, no more than the next request can hold too
-                cap = min(cap, recall_room - used - 8)
-            context = "\n".join([block, *(s.content for s in assembly.summaries)])
+        recalling = recalling and not again
+        # The newest question's block first, within its cap (at most a quarter of the message limit: in a 2k
+        # window a block of five excerpts cost more than the turn itself): recall of what is asked now comes
+        # before the cache (`bench fidelity` found fewer facts when the blocks held came first). The blocks
+        # held get the room left, oldest first; one that no longer fits gives way with those after it (the
+        # next request is read again from there).
+        cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
+        floor = cap if recalling else 0
+        blocks: list[held.Block] = []
+        for b in candidates:
+            if used + b.tokens + floor > limit - 8:
+                break
+            blocks.append(b)
+            used += b.tokens
+        raw, placed = held.apply(dialect, raw, assembly.first_raw, blocks)
+        recalled = tuple(i for b in placed for i in b.ids)
+        blocks = list(placed)
+        if recalling:
+            context = "\n".join([block, *(s.content for s in assembly.summaries)])  # (with the raw messages)
             placement = await auto_recall.place(
-                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier,
-                context,
+                self.store, conversation_id, assembly.first_raw, raw, min(cap, limit - used - 8), dialect,
+                standing.mask_recalled, earlier, context,
             )  # fmt: skip
             raw, used, recalled = placement.messages, used + placement.tokens, recalled + placement.ids
             if placement.block is not None:
-                blocks = (*blocks, placement.block)
+                blocks.append(placement.block)
         summary_ids = tuple(s.id for s in assembly.summaries)
         self.held.keep(conversation_id, held.Held(assembly.first_raw, summary_ids, key, tuple(blocks)))
         sent = Sent(

@@ -6,9 +6,10 @@ just read from that message on: a provider bills it again uncached, and llama.cp
 again, the previous exchange and the new block included, on every turn of a compacted conversation. So each
 block stays in its message on the following requests, as long as what comes before the raw messages (the ledger,
 the summaries) and the first raw message forwarded are those it was placed after: until the next compaction or
-eviction moves the cut, when the context is read again from there anyway and the blocks are let go. A block
-counts in the budget like the words of its message, so the blocks held never push a request over its limit; a
-new block leaves out what the held ones already show (auto-recall's "adds nothing").
+eviction moves the cut, when the context is read again from there anyway and the blocks are let go. The newest
+question's block comes first (it leaves out what the held ones already show: auto-recall's "adds nothing"); the
+blocks held get the room left in the request's limit, oldest first, so they never push a request over it, and
+one that no longer fits gives way with those after it (the next request is read again from there).
 
 Per process and bounded: a request another replica answers, or the first after a restart, lets the blocks go
 (one prefix read again, nothing else lost: the excerpts come back when asked for).
@@ -64,15 +65,6 @@ class Held:
 def prefix_key(prefix: str | None, first_raw: int) -> str:
     """What the blocks were placed after: the text before the raw messages, and the first raw message."""
     return hashlib.sha256(f"{first_raw}\0{prefix or ''}".encode()).hexdigest()
-
-
-def with_blocks(costs: Sequence[int], start: int, blocks: Sequence[Block]) -> list[int]:
-    """The raw messages' costs from seq ``start``, each with the tokens of the blocks held in it."""
-    out = list(costs)
-    for block in blocks:
-        if start <= block.seq < start + len(out):
-            out[block.seq - start] += block.tokens
-    return out
 
 
 def apply(

@@ -74,7 +74,7 @@ def test_consecutive_requests_repeat_each_other_up_to_the_recall_block(where: Lo
             k = next(i for i, (a, b) in enumerate(zip(after, before, strict=False)) if a != b)
             assert "<recalled_history" in str(before[k].get("content"))
             assert [without_block(m) for m in after[k : len(before)]] == [without_block(m) for m in before[k:]]
-        assert compared >= 20 and appended >= compared - 6 and held >= 8  # blocks kept, tool rounds included
+        assert compared >= 20 and appended >= compared * 3 // 4 and held >= 8  # blocks kept, tool rounds included
         await store.close()
 
     run(scenario())

@@ -1,5 +1,5 @@
 """Recall blocks held in their messages (``proxy/engine/held.py``): a block goes back only into the very message
-it went into, at its place; the costs count it there; the memory forgets a block past the request's end."""
+it went into, at its place; the memory forgets a block past the request's end."""
 
 from __future__ import annotations
 
@@ -30,12 +30,6 @@ def test_a_block_goes_back_into_its_own_message_only() -> None:
     # Outside the raw messages forwarded (the cut moved past it): not placed either.
     out, placed = held.apply(CHAT, raw, 12, [block(11, question)])
     assert out == raw and placed == ()
-
-
-def test_costs_count_each_block_in_its_message() -> None:
-    question = user("What does the pump read?")
-    blocks = [block(11, question), block(13, question), block(40, question)]
-    assert held.with_blocks([5, 6, 7, 8], 10, blocks) == [5, 36, 7, 38]  # seq 40 is past the view: not counted
 
 
 def test_the_memory_holds_blocks_for_the_messages_a_request_still_carries() -> None:
