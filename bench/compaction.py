@@ -119,7 +119,10 @@ def proxy_config(upstream: str, data_dir: str, lcm: dict[str, Any]) -> Any:
 def http_overhead(proxy: str, upstream: str, n: int, repeats: int) -> tuple[float, float]:
     messages = conversation(n)
     with httpx.Client(timeout=60) as client:
-        client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})  # ingest + compact
+        first = client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})  # ingest
+        # Its history is read for standing instructions after the response, once (seconds for thousands of
+        # messages, in the background): asking for the ledger waits for that, so the rows are the steady state.
+        client.get(f"{proxy}/lcm/conversations/{first.headers['x-lcm-conversation-id']}/ledger")
         via, direct = [], []
         for r in range(repeats):
             messages = continued(messages, r)
