@@ -123,6 +123,13 @@ def http_overhead(proxy: str, upstream: str, n: int, repeats: int) -> tuple[floa
         # Its history is read for standing instructions after the response, once (seconds for thousands of
         # messages, in the background): asking for the ledger waits for that, so the rows are the steady state.
         client.get(f"{proxy}/lcm/conversations/{first.headers['x-lcm-conversation-id']}/ledger")
+        # And its first compaction runs in the background: until it is swapped in, continuations wait for an
+        # inline one or are evicted. The rows are the steady state after that one-time work.
+        for r in range(60):
+            messages = continued(messages, -1 - r)
+            answer = client.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": messages})
+            if answer.headers.get("x-lcm-compaction") not in ("evicted", "deferred"):
+                break
         via, direct = [], []
         for r in range(repeats):
             messages = continued(messages, r)
