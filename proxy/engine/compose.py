@@ -124,32 +124,31 @@ class Composer:
         newest = (_last_user(dialect, raw, assembly.first_raw), assembly.first_raw + len(raw) - 1)
         again = any(b.seq in newest for b in candidates)
         recalling = self.settings.auto_recall == "auto" and (assembly.first_raw > 0 or earlier) and sizes.recall > 0
-        recalling = recalling and not again
-        # The newest question's block first, within its cap (at most a quarter of the message limit: in a 2k
-        # window a block of five excerpts cost more than the turn itself): recall of what is asked now comes
-        # before the cache (`bench fidelity` found fewer facts when the blocks held came first). The blocks
-        # held get the room left, oldest first; one that no longer fits gives way with those after it (the
-        # next request is read again from there).
-        cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
-        floor = cap if recalling else 0
+        recalled: tuple[int, ...] = ()
+        fresh: held.Block | None = None
+        if recalling and not again:
+            # The newest question's block first, within its cap (at most a quarter of the message limit: in a 2k
+            # window a block of five excerpts cost more than the turn itself): recall of what is asked now comes
+            # before the cache (`bench fidelity` found fewer facts when the blocks held came first). Excerpts the
+            # blocks held show already are left out.
+            cap = min(limit - used - 8, self.settings.auto_recall_tokens or max(sizes.recall, min(2000, limit // 4)))
+            context = "\n".join([block, *(s.content for s in assembly.summaries), *(b.text for b in candidates)])
+            placement = await auto_recall.place(
+                self.store, conversation_id, assembly.first_raw, raw, cap, dialect, standing.mask_recalled, earlier,
+                context,
+            )  # fmt: skip
+            raw, used, recalled, fresh = placement.messages, used + placement.tokens, placement.ids, placement.block
+        # The blocks held get the room left in the limit, oldest first; one that no longer fits gives way with
+        # those after it (the next request is read again from there).
         blocks: list[held.Block] = []
         for b in candidates:
-            if used + b.tokens + floor > limit - 8:
+            if used + b.tokens > limit - 8:
                 break
             blocks.append(b)
             used += b.tokens
         raw, placed = held.apply(dialect, raw, assembly.first_raw, blocks)
-        recalled = tuple(i for b in placed for i in b.ids)
-        blocks = list(placed)
-        if recalling:
-            context = "\n".join([block, *(s.content for s in assembly.summaries)])  # (with the raw messages)
-            placement = await auto_recall.place(
-                self.store, conversation_id, assembly.first_raw, raw, min(cap, limit - used - 8), dialect,
-                standing.mask_recalled, earlier, context,
-            )  # fmt: skip
-            raw, used, recalled = placement.messages, used + placement.tokens, recalled + placement.ids
-            if placement.block is not None:
-                blocks.append(placement.block)
+        recalled = tuple(i for b in placed for i in b.ids) + recalled
+        blocks = [*placed, fresh] if fresh is not None else list(placed)
         summary_ids = tuple(s.id for s in assembly.summaries)
         self.held.keep(conversation_id, held.Held(assembly.first_raw, summary_ids, key, tuple(blocks)))
         sent = Sent(
