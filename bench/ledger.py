@@ -147,9 +147,15 @@ def run_request(upstream: str, transcript: list[dict[str, Any]], standing: str) 
             held.clear()
 
             def send() -> tuple[int, float]:
+                # The request, then its ledger: far below its window's threshold, its messages are read when
+                # the ledger is first asked for (``proxy.engine.standing.reader``), within the probed time.
                 start = time.perf_counter()
                 response = httpx.post(f"{url}/v1/chat/completions", content=body,
                                       headers={"content-type": "application/json"}, timeout=900)  # fmt: skip
+                conversation = response.headers.get("x-lcm-conversation-id")
+                if response.status_code == 200 and conversation:
+                    listed = httpx.get(f"{url}/lcm/conversations/{conversation}/ledger", timeout=900)
+                    assert listed.status_code == 200, listed.text
                 return response.status_code, time.perf_counter() - start
 
             probes, (status, seconds) = probe_healthz_while(url, send)
